@@ -1,0 +1,136 @@
+//! `history-host`: runs the configured chain of history plugins (SPEC §6.1).
+//!
+//! Exit status: 0 done; 2 bad input; 3 a configuration or plugin-loading error; 4 a turn
+//! failed by a plugin under `on_plugin_error = "fail"`. On any error one line goes to
+//! stderr and nothing to stdout.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use history_host::chain::stateless_context;
+use history_host::document::parse_document;
+use history_host::{load_chain, logging, report, Call};
+use plugin_api::wire::write_message;
+
+#[derive(Parser)]
+#[command(
+    name = "history-host",
+    version,
+    about = "Runs a chain of LLM conversation-history plugins"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reads a history, runs the chain once, writes the resulting history (a JSON array).
+    Process {
+        /// The chain configuration.
+        #[arg(long, default_value = "plugins-enabled.toml")]
+        config: PathBuf,
+        /// The model of the call (wins over the document's `model`; default `default`).
+        #[arg(long)]
+        model: Option<String>,
+        /// The input document: a JSON array of messages or {"model", "turn", "messages"};
+        /// `-` reads stdin.
+        #[arg(long, default_value = "-")]
+        input: String,
+        /// Prints to stderr, per plugin: messages and tokens in and out, and its events.
+        #[arg(long)]
+        explain: bool,
+    },
+}
+
+/// An error with its exit status.
+struct Failure {
+    status: u8,
+    message: String,
+}
+
+fn bad_input(message: String) -> Failure {
+    Failure { status: 2, message }
+}
+
+fn main() -> ExitCode {
+    // A bug must still end in one line, never a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("history-host: internal error: {message}");
+    }));
+    logging::init_cli_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Process {
+            config,
+            model,
+            input,
+            explain,
+        } => process(&config, model, &input, explain),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("history-host: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}
+
+fn read_input(input: &str) -> Result<Vec<u8>, Failure> {
+    let mut bytes = Vec::new();
+    let result = if input == "-" {
+        std::io::stdin().read_to_end(&mut bytes).map(|_| ())
+    } else {
+        std::fs::File::open(input)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map(|_| ())
+    };
+    result.map_err(|err| bad_input(format!("cannot read input {input}: {err}")))?;
+    Ok(bytes)
+}
+
+fn process(config_file: &Path, model: Option<String>, input: &str, explain: bool) -> Result<(), Failure> {
+    let (config, _catalog, chain) = load_chain(config_file).map_err(|err| Failure {
+        status: 3,
+        message: err.to_string(),
+    })?;
+    let document = parse_document(&read_input(input)?).map_err(|err| bad_input(err.0))?;
+
+    let model_name = model.or(document.model).unwrap_or_else(|| "default".to_string());
+    let model = config.model(&model_name);
+    let turn = history_host::turns::current_turn(&document.messages, document.turn);
+    let tokenizer = model.tokenizer.as_str();
+    let ctx = stateless_context(&config, model, turn);
+    let run = chain
+        .run(document.messages, &ctx, Call::Process)
+        .map_err(|failure| Failure {
+            status: 4,
+            message: failure.to_string(),
+        })?;
+
+    if explain {
+        eprint!(
+            "{}",
+            report::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx)
+        );
+    }
+    let mut out = String::from("[");
+    for (i, message) in run.history.iter().enumerate() {
+        out.push_str(if i == 0 { "\n" } else { ",\n" });
+        write_message(&mut out, message);
+    }
+    out.push_str("\n]\n");
+    let mut stdout = std::io::stdout().lock();
+    // A closed stdout (e.g. `| head`) is not worth a second error line.
+    let _ = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush());
+    Ok(())
+}

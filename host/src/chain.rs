@@ -1,0 +1,304 @@
+//! The chain: loading it from the configuration and running it (SPEC §4.3–§4.5).
+
+use std::time::{Duration, Instant};
+
+use plugin_api::structure::Faults;
+use plugin_api::{
+    Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
+};
+
+use crate::check::{check_output, is_passthrough};
+use crate::config::{Config, ConfigError, OnPluginError};
+use crate::loader::Catalog;
+use crate::{logging, tokens, turns};
+
+/// One loaded plugin instance in the chain.
+pub struct Stage {
+    pub name: String,
+    pub version: String,
+    instance: PluginBox,
+}
+
+/// The ordered chain of plugin instances.
+pub struct Chain {
+    pub stages: Vec<Stage>,
+    pub on_error: OnPluginError,
+}
+
+/// Which entry point a run calls.
+#[derive(Debug, Clone, Copy)]
+pub enum Call<'a> {
+    /// `process`: every turn.
+    Process,
+    /// `on_model_switch`: when the session's model changes (`ctx` describes `new`).
+    ModelSwitch { old: &'a ModelInfo, new: &'a ModelInfo },
+}
+
+/// What one plugin did in a run.
+#[derive(Debug, Clone)]
+pub struct StageReport {
+    pub plugin: String,
+    pub messages_in: usize,
+    pub messages_out: usize,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub events: Vec<Event>,
+    /// Why the plugin's result was not used (`on_plugin_error = "skip"`).
+    pub skipped: Option<String>,
+    pub elapsed: Duration,
+}
+
+/// The result of a chain run.
+#[derive(Debug, Clone)]
+pub struct ChainRun {
+    /// The final history: what goes to the model.
+    pub history: Vec<RArc<Message>>,
+    /// Structural faults of the chain's input (accepted and reported, §2.1.1).
+    pub input_faults: Vec<String>,
+    pub stages: Vec<StageReport>,
+    pub messages_in: usize,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+}
+
+/// A turn failed by a plugin under `on_plugin_error = "fail"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginFailure {
+    pub plugin: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for PluginFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "plugin \"{}\" failed: {}", self.plugin, self.message)
+    }
+}
+
+impl std::error::Error for PluginFailure {}
+
+/// The [`LoadContext`] for plugin `name`'s `new`.
+fn load_context(config: &Config, name: &str) -> LoadContext {
+    let config_json = config
+        .plugin_table(name)
+        .map(|t| t.json.to_string())
+        .unwrap_or_else(|| "{}".to_string());
+    LoadContext {
+        config_json: config_json.into(),
+        agent_max_ctx: config.agent_max_ctx,
+        models: config.models_for_validation().into(),
+        log: logging::logger(),
+    }
+}
+
+impl Chain {
+    /// Instantiates the configured chain from the discovered plugins. Every
+    /// `[plugin.NAME]` table of an available plugin is validated by its plugin, in the
+    /// chain or not (so `agentctl` can enable it safely); a table naming no available
+    /// plugin is a warning.
+    pub fn load(config: &Config, catalog: &Catalog) -> Result<Chain, ConfigError> {
+        let mut stages = Vec::new();
+        for name in &config.chain {
+            let Some(library) = catalog.plugins.get(name) else {
+                let line = config.history_key_line("chain");
+                let message = match catalog.refusal_for(name) {
+                    Some(refusal) => format!("plugin \"{name}\" in the chain cannot be loaded: {refusal}"),
+                    None => format!(
+                        "plugin \"{name}\" in the chain is not available in {} (available: {})",
+                        config.plugin_dir.display(),
+                        available(catalog)
+                    ),
+                };
+                return Err(config.error(line, message));
+            };
+            let instance = instantiate(config, catalog, name)?;
+            stages.push(Stage {
+                name: name.clone(),
+                version: library.version.clone(),
+                instance: instance.expect("a cataloged plugin"),
+            });
+        }
+        for table in &config.plugins {
+            if config.chain.contains(&table.name) {
+                continue;
+            }
+            if instantiate(config, catalog, &table.name)?.is_none() {
+                tracing::warn!(
+                    "{}: [plugin.{}] names no available plugin (available: {})",
+                    config.file.display(),
+                    table.name,
+                    available(catalog)
+                );
+            }
+        }
+        Ok(Chain {
+            stages,
+            on_error: config.on_plugin_error,
+        })
+    }
+
+    /// The chain's plugin names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.stages.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Runs every plugin in order, checking each output (§4.3) and handling faults by
+    /// `on_plugin_error` (§4.4). Message turns and identities are derived once, here,
+    /// before the first plugin (§2.3).
+    pub fn run(
+        &self,
+        mut history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<ChainRun, PluginFailure> {
+        turns::assign_origins(&mut history);
+        turns::derive_turns(&mut history, ctx.turn);
+        let tokenizer = ctx.model.tokenizer;
+        let input_faults = Faults::of(&history);
+        let input_fault_lines = input_faults.describe(&history);
+        for line in &input_fault_lines {
+            tracing::warn!("structural fault in the input: {line}");
+        }
+        let messages_in = history.len();
+        let tokens_in = tokens::history_tokens(tokenizer, &history);
+        let mut faults = input_faults.count();
+        let mut tokens_now = tokens_in;
+        let mut stages = Vec::with_capacity(self.stages.len());
+
+        for stage in &self.stages {
+            let started = Instant::now();
+            let result = logging::with_plugin(&stage.name, || stage.call(&history, ctx, call));
+            let checked = result.and_then(|output| {
+                if is_passthrough(&history, &output.history) {
+                    return Ok((output, faults));
+                }
+                let output_faults = check_output(&history, faults, &output.history)
+                    .map_err(|e| format!("invalid output: {e}"))?;
+                Ok((output, output_faults.count()))
+            });
+            let elapsed = started.elapsed();
+            let mut report = StageReport {
+                plugin: stage.name.clone(),
+                messages_in: history.len(),
+                messages_out: history.len(),
+                tokens_in: tokens_now,
+                tokens_out: tokens_now,
+                events: Vec::new(),
+                skipped: None,
+                elapsed,
+            };
+            match checked {
+                Ok((output, output_faults)) => {
+                    history = output.history.into_iter().collect();
+                    faults = output_faults;
+                    tokens_now = tokens::history_tokens(tokenizer, &history);
+                    report.messages_out = history.len();
+                    report.tokens_out = tokens_now;
+                    report.events = output.events.into_iter().collect();
+                    log_events(&stage.name, &report.events);
+                }
+                Err(message) => match self.on_error {
+                    OnPluginError::Fail => {
+                        return Err(PluginFailure {
+                            plugin: stage.name.clone(),
+                            message,
+                        })
+                    }
+                    OnPluginError::Skip => {
+                        tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
+                        report.skipped = Some(message);
+                    }
+                },
+            }
+            stages.push(report);
+        }
+
+        let run = ChainRun {
+            history,
+            input_faults: input_fault_lines,
+            stages,
+            messages_in,
+            tokens_in,
+            tokens_out: tokens_now,
+        };
+        tracing::info!("{}", crate::report::summary_line(&run));
+        Ok(run)
+    }
+}
+
+impl Stage {
+    fn call(
+        &self,
+        history: &[RArc<Message>],
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<plugin_api::Output, String> {
+        let input = RSlice::from_slice(history);
+        let result = match call {
+            Call::Process => self.instance.process(input, ctx),
+            Call::ModelSwitch { old, new } => self.instance.on_model_switch(input, ctx, old, new),
+        };
+        match result {
+            RResult::ROk(output) => Ok(output),
+            RResult::RErr(message) => Err(message.into()),
+        }
+    }
+}
+
+/// Builds plugin `name`'s instance with its table; `Ok(None)` when it is not available.
+fn instantiate(config: &Config, catalog: &Catalog, name: &str) -> Result<Option<PluginBox>, ConfigError> {
+    let Some(library) = catalog.plugins.get(name) else {
+        return Ok(None);
+    };
+    let load = load_context(config, name);
+    logging::with_plugin(name, || library.instantiate(&load))
+        .map(Some)
+        .map_err(|err| {
+            let line = config
+                .plugin_key_line(name, &err.key)
+                .or_else(|| config.history_key_line("chain"));
+            let place = if err.key.is_empty() {
+                format!("[plugin.{name}]")
+            } else {
+                format!("[plugin.{name}] {}", err.key)
+            };
+            config.error(line, format!("{place}: {}", err.message))
+        })
+}
+
+fn available(catalog: &Catalog) -> String {
+    if catalog.plugins.is_empty() {
+        "none".to_string()
+    } else {
+        catalog.plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+fn log_events(plugin: &str, events: &[Event]) {
+    for event in events {
+        tracing::debug!(
+            plugin,
+            event = event.kind.as_str(),
+            turn = event.turn,
+            index = ?event.index.into_option(),
+            id = ?event.id.as_ref().into_option().map(|s| s.as_str()),
+            tokens_saved = ?event.tokens_saved.into_option(),
+            "{}",
+            event.reason
+        );
+    }
+}
+
+/// The [`Context`] of a stateless call on `model` at `turn`.
+pub fn stateless_context(config: &Config, model: ModelInfo, turn: u64) -> Context {
+    Context {
+        session_id: ROption::RNone,
+        effective_ctx: model.effective_ctx,
+        model,
+        agent_max_ctx: config.agent_max_ctx,
+        turn,
+        last_active: ROption::RNone,
+        expiration_override: ROption::RNone,
+        tokens: tokens::counter(),
+        log: logging::logger(),
+    }
+}

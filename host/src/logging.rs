@@ -1,0 +1,50 @@
+//! Logging: the callback plugins log through (their own copy of `tracing` cannot reach
+//! ours, SPEC §3.2), tagged with the plugin that is running, and the CLI's subscriber.
+
+use std::cell::RefCell;
+
+use plugin_api::{LogLevel, Logger, RStr};
+
+thread_local! {
+    static CURRENT_PLUGIN: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Runs `f` with `plugin` named as the source of any plugin log line on this thread.
+pub fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
+    let previous = CURRENT_PLUGIN.with(|c| std::mem::replace(&mut *c.borrow_mut(), plugin.to_string()));
+    let result = f();
+    CURRENT_PLUGIN.with(|c| *c.borrow_mut() = previous);
+    result
+}
+
+extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
+    CURRENT_PLUGIN.with(|plugin| {
+        let plugin = plugin.borrow();
+        let message = message.as_str();
+        match level {
+            LogLevel::Error => tracing::error!(plugin = %plugin, "{message}"),
+            LogLevel::Warn => tracing::warn!(plugin = %plugin, "{message}"),
+            LogLevel::Info => tracing::info!(plugin = %plugin, "{message}"),
+            LogLevel::Debug => tracing::debug!(plugin = %plugin, "{message}"),
+        }
+    });
+}
+
+/// The logger handed to plugins.
+pub fn logger() -> Logger {
+    Logger::new(plugin_log)
+}
+
+/// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter
+/// (`tracing_subscriber::EnvFilter` syntax, default `info`).
+pub fn init_cli_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,111 @@
+//! The host's token counter (SPEC §5.2): tiktoken's real `o200k_base` and `cl100k_base`
+//! encodings (embedded in tiktoken-rs, no network) and `chars4`, offered to every plugin
+//! through [`plugin_api::TokenCounter`]. Each message's count is remembered on the message
+//! itself, so a message shared from turn to turn is tokenized once.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use plugin_api::{Message, RArc, RStr, TokenCounter, Tokenizer};
+
+/// The per-message overhead of SPEC §5.2's formula when nothing else is configured.
+pub const PER_MESSAGE_TOKENS: u64 = 3;
+
+/// Bytes handed to a BPE tokenizer since the process started (`cargo xtask bench` compares
+/// it with the bytes that entered: 1.0 means nothing was tokenized twice).
+static BYTES_TOKENIZED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes handed to a BPE tokenizer so far.
+pub fn bytes_tokenized() -> u64 {
+    BYTES_TOKENIZED.load(Ordering::Relaxed)
+}
+
+/// Tokens of one text.
+pub fn count_text(tokenizer: Tokenizer, text: &str) -> u64 {
+    if text.is_empty() {
+        return 0;
+    }
+    let bpe = match tokenizer {
+        Tokenizer::Chars4 => return (text.chars().count() as u64).div_ceil(4),
+        Tokenizer::O200kBase => tiktoken_rs::o200k_base_singleton(),
+        Tokenizer::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+    };
+    BYTES_TOKENIZED.fetch_add(text.len() as u64, Ordering::Relaxed);
+    bpe.encode_ordinary(text).len() as u64
+}
+
+/// Σ tokens(item) over a message's items, remembered on the message.
+pub fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
+    let memo = message.token_memo();
+    if let Some(count) = memo.get(tokenizer.slot()) {
+        return count;
+    }
+    let count = message
+        .token_items()
+        .map(|item| count_text(tokenizer, item))
+        .sum();
+    memo.set(tokenizer.slot(), count);
+    count
+}
+
+/// A message's tokens: `per_message + Σ tokens(item)`.
+pub fn message_tokens(tokenizer: Tokenizer, message: &Message, per_message: u64) -> u64 {
+    per_message + content_tokens(tokenizer, message)
+}
+
+/// A history's tokens with the default per-message overhead.
+pub fn history_tokens(tokenizer: Tokenizer, history: &[RArc<Message>]) -> u64 {
+    history
+        .iter()
+        .map(|m| message_tokens(tokenizer, m, PER_MESSAGE_TOKENS))
+        .sum()
+}
+
+unsafe extern "C" fn count_text_abi(_: *const c_void, tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
+    count_text(tokenizer, text.as_str())
+}
+
+unsafe extern "C" fn count_content_abi(_: *const c_void, tokenizer: Tokenizer, message: &Message) -> u64 {
+    content_tokens(tokenizer, message)
+}
+
+/// The counter handed to plugins (it keeps no state of its own: the encodings are
+/// process-wide and the counts live on the messages).
+pub fn counter() -> TokenCounter {
+    // SAFETY: the state pointer is never dereferenced.
+    unsafe { TokenCounter::new(std::ptr::null(), count_text_abi, count_content_abi) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::wire::history_from_str;
+
+    #[test]
+    fn real_encodings_and_chars4_count_items_separately() {
+        assert_eq!(count_text(Tokenizer::O200kBase, "hello world"), 2);
+        assert_eq!(count_text(Tokenizer::Cl100kBase, "hello world"), 2);
+        assert_eq!(count_text(Tokenizer::Chars4, "héllo"), 2);
+        let history = history_from_str(
+            r#"[{"role":"assistant","content":"abcde","tool_calls":[{"id":"1","function":{"name":"get","arguments":"{}"}}]}]"#,
+        )
+        .unwrap();
+        // items: "abcde" → 2, "get" → 1, "{}" → 1
+        assert_eq!(message_tokens(Tokenizer::Chars4, &history[0], 3), 7);
+    }
+
+    #[test]
+    fn a_counted_message_is_not_tokenized_again() {
+        let history = history_from_str(r#"[{"role":"user","content":"some words to count once"}]"#).unwrap();
+        let first = content_tokens(Tokenizer::O200kBase, &history[0]);
+        let before = bytes_tokenized();
+        assert_eq!(content_tokens(Tokenizer::O200kBase, &history[0]), first);
+        // Other tests may tokenize concurrently, but never this message's bytes again
+        // through this call: the memo answered.
+        assert_eq!(
+            history[0].token_memo().get(Tokenizer::O200kBase.slot()),
+            Some(first)
+        );
+        let _ = before;
+    }
+}

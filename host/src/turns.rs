@@ -1,0 +1,110 @@
+//! Turns (SPEC §2.3) and message identity, derived once before the first plugin runs.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use plugin_api::{Message, RArc, Role};
+
+/// The current turn of a stateless call: the document's `turn`, else the number of user
+/// messages (at least 1).
+pub fn current_turn(history: &[RArc<Message>], given: Option<u64>) -> u64 {
+    given.unwrap_or_else(|| (history.iter().filter(|m| m.role == Role::User).count() as u64).max(1))
+}
+
+/// Sets every message's `turn` (SPEC §2.3): its own `turn_added` if present; otherwise the
+/// k-th newest user message belongs to turn `current − k + 1` (at least 1), any other
+/// message to the turn of the nearest user message before it; messages before the first
+/// user message take the first user message's turn; with no user message, the current turn.
+pub fn derive_turns(history: &mut [RArc<Message>], current: u64) {
+    let mut derived = vec![current; history.len()];
+    let mut users_seen = 0u64;
+    for (index, message) in history.iter().enumerate().rev() {
+        if message.role == Role::User {
+            users_seen += 1;
+            derived[index] =
+                own_turn(message).unwrap_or_else(|| current.saturating_sub(users_seen - 1).max(1));
+        }
+    }
+    let first_user = history.iter().position(|m| m.role == Role::User);
+    let mut nearest_user_turn = first_user.map_or(current, |i| derived[i]);
+    for (index, message) in history.iter().enumerate() {
+        if message.role == Role::User {
+            nearest_user_turn = derived[index];
+        } else {
+            derived[index] = own_turn(message).unwrap_or(nearest_user_turn);
+        }
+    }
+    for (message, turn) in history.iter_mut().zip(derived) {
+        if message.turn != turn {
+            RArc::make_mut(message).turn = turn;
+        }
+    }
+}
+
+fn own_turn(message: &Message) -> Option<u64> {
+    message.meta().and_then(|m| m.turn_added.into_option())
+}
+
+static NEXT_ORIGIN: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh message identity.
+pub fn fresh_origin() -> u64 {
+    NEXT_ORIGIN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Gives every message a unique identity, so the output check can tell a changed copy
+/// from an invented message. Messages that already have a unique one keep it.
+pub fn assign_origins(history: &mut [RArc<Message>]) {
+    let mut seen = HashSet::with_capacity(history.len());
+    for message in history.iter_mut() {
+        let origin = message.origin();
+        if origin == 0 || !seen.insert(origin) {
+            let fresh = fresh_origin();
+            RArc::make_mut(message).set_origin(fresh);
+            seen.insert(fresh);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::wire::history_from_str;
+
+    fn turns(json: &str, current: Option<u64>) -> Vec<u64> {
+        let mut history = history_from_str(json).unwrap();
+        let now = current_turn(&history, current);
+        derive_turns(&mut history, now);
+        history.iter().map(|m| m.turn).collect()
+    }
+
+    #[test]
+    fn turns_are_counted_backward_from_the_newest_user_message() {
+        let json = r#"[{"role":"system","content":"s"},{"role":"assistant","content":"hi"},
+            {"role":"user","content":"1"},{"role":"assistant","content":"a"},
+            {"role":"user","content":"2"},{"role":"tool","tool_call_id":"x","content":"t"},
+            {"role":"user","content":"3"},{"role":"assistant","content":"b"}]"#;
+        assert_eq!(turns(json, None), [1, 1, 1, 1, 2, 2, 3, 3]);
+        assert_eq!(turns(json, Some(7)), [5, 5, 5, 5, 6, 6, 7, 7]);
+    }
+
+    #[test]
+    fn turn_added_wins_and_others_follow_their_user_message() {
+        let json = r#"[{"role":"user","content":"1","metadata":{"turn_added":4}},
+            {"role":"assistant","content":"a"},
+            {"role":"tool","tool_call_id":"x","content":"t","metadata":{"turn_added":9}},
+            {"role":"user","content":"2"}]"#;
+        assert_eq!(turns(json, Some(10)), [4, 4, 9, 10]);
+        assert_eq!(turns(r#"[{"role":"assistant","content":"a"}]"#, Some(3)), [3]);
+    }
+
+    #[test]
+    fn origins_are_unique() {
+        let mut history =
+            history_from_str(r#"[{"role":"user","content":"1"},{"role":"user","content":"2"}]"#).unwrap();
+        history.push(history[0].clone());
+        assign_origins(&mut history);
+        let origins: HashSet<u64> = history.iter().map(|m| m.origin()).collect();
+        assert_eq!(origins.len(), 3);
+    }
+}

@@ -1,0 +1,210 @@
+//! What the host hands a plugin: the per-call [`Context`] (SPEC §3.1), the
+//! [`LoadContext`] of `new`, and the host services inside them (logging, token counting).
+
+use std::ffi::c_void;
+
+use abi_stable::{
+    std_types::{ROption, RStr, RString, RVec},
+    StableAbi,
+};
+
+use crate::message::{CompactMode, ExpirationMode, Message};
+
+/// A tokenizer the host can count with (SPEC §5.2).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tokenizer {
+    /// tiktoken's `o200k_base` (GPT-4o family).
+    O200kBase,
+    /// tiktoken's `cl100k_base` (GPT-4, GPT-3.5).
+    Cl100kBase,
+    /// `ceil(characters / 4)` per item: the documents' heuristic.
+    Chars4,
+}
+
+impl Tokenizer {
+    pub const ALL: [Tokenizer; 3] = [Self::O200kBase, Self::Cl100kBase, Self::Chars4];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "o200k_base" => Self::O200kBase,
+            "cl100k_base" => Self::Cl100kBase,
+            "chars4" => Self::Chars4,
+            _ => return None,
+        })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::O200kBase => "o200k_base",
+            Self::Cl100kBase => "cl100k_base",
+            Self::Chars4 => "chars4",
+        }
+    }
+    /// Index of this tokenizer's slot in a message's token cache.
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// A model's settings (`[models.NAME]`, SPEC §4.1) and the window it gets.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub name: RString,
+    /// The model's preferred window, in messages.
+    pub max_context: u64,
+    /// The model's window, in tokens.
+    pub context_tokens: u64,
+    pub tokenizer: Tokenizer,
+    /// `min(agent_max_ctx, max_context)` (SPEC §4.2).
+    pub effective_ctx: u64,
+}
+
+/// A session's expiration override (SPEC §5.5, §7): each set field wins over the
+/// message's own `expiration` and its tool's defaults.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExpirationOverride {
+    pub turns: ROption<u64>,
+    pub mode: ROption<ExpirationMode>,
+    pub compact_mode: ROption<CompactMode>,
+    pub compact_length: ROption<u64>,
+    pub disable_expiration: bool,
+}
+
+/// Severity of a plugin's log line.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+/// The host's logging callback. A plugin has its own copy of `std` and `tracing`, so its
+/// log lines reach the host's log only through this (SPEC §3.2).
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct Logger {
+    write: extern "C" fn(LogLevel, RStr<'_>),
+}
+
+impl Logger {
+    /// Made by the host.
+    #[doc(hidden)]
+    pub const fn new(write: extern "C" fn(LogLevel, RStr<'_>)) -> Self {
+        Logger { write }
+    }
+    /// A logger that drops every line (for unit tests of a plugin).
+    pub const fn discard() -> Self {
+        extern "C" fn discard(_: LogLevel, _: RStr<'_>) {}
+        Logger { write: discard }
+    }
+    pub fn log(&self, level: LogLevel, message: &str) {
+        (self.write)(level, message.into());
+    }
+    pub fn error(&self, message: &str) {
+        self.log(LogLevel::Error, message);
+    }
+    pub fn warn(&self, message: &str) {
+        self.log(LogLevel::Warn, message);
+    }
+    pub fn info(&self, message: &str) {
+        self.log(LogLevel::Info, message);
+    }
+    pub fn debug(&self, message: &str) {
+        self.log(LogLevel::Debug, message);
+    }
+}
+
+impl std::fmt::Debug for Logger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Logger")
+    }
+}
+
+/// The host's token counter: real tiktoken encodings loaded once in the host, with each
+/// message's count remembered on the message so nothing is tokenized twice (SPEC §5.2, §8).
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct TokenCounter {
+    state: *const c_void,
+    count_text: unsafe extern "C" fn(*const c_void, Tokenizer, RStr<'_>) -> u64,
+    count_content: unsafe extern "C" fn(*const c_void, Tokenizer, &Message) -> u64,
+}
+
+impl TokenCounter {
+    /// Made by the host. `state` must outlive every call made through this counter.
+    #[doc(hidden)]
+    pub const unsafe fn new(
+        state: *const c_void,
+        count_text: unsafe extern "C" fn(*const c_void, Tokenizer, RStr<'_>) -> u64,
+        count_content: unsafe extern "C" fn(*const c_void, Tokenizer, &Message) -> u64,
+    ) -> Self {
+        TokenCounter {
+            state,
+            count_text,
+            count_content,
+        }
+    }
+
+    /// Tokens of one piece of text (ordinary encoding, no special tokens).
+    pub fn text(&self, tokenizer: Tokenizer, text: &str) -> u64 {
+        // SAFETY: the host guarantees `state` lives as long as the context holding us.
+        unsafe { (self.count_text)(self.state, tokenizer, text.into()) }
+    }
+
+    /// Σ tokens(item) over a message's items (SPEC §5.2), without the per-message
+    /// overhead. Cached on the message.
+    pub fn content(&self, tokenizer: Tokenizer, message: &Message) -> u64 {
+        // SAFETY: as above.
+        unsafe { (self.count_content)(self.state, tokenizer, message) }
+    }
+
+    /// A message's tokens by SPEC §5.2: `per_message_tokens + Σ tokens(item)`.
+    pub fn message(&self, tokenizer: Tokenizer, message: &Message, per_message_tokens: u64) -> u64 {
+        per_message_tokens + self.content(tokenizer, message)
+    }
+}
+
+impl std::fmt::Debug for TokenCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenCounter")
+    }
+}
+
+/// What a plugin gets with every call (SPEC §3.1).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct Context {
+    /// The session id, or none for a stateless call.
+    pub session_id: ROption<RString>,
+    /// The model of this call and its settings.
+    pub model: ModelInfo,
+    pub agent_max_ctx: u64,
+    /// `min(agent_max_ctx, model.max_context)`.
+    pub effective_ctx: u64,
+    /// The current turn (SPEC §2.3).
+    pub turn: u64,
+    /// The session's last activity (RFC 3339), if any.
+    pub last_active: ROption<RString>,
+    /// The session's expiration override (SPEC §5.5), if any.
+    pub expiration_override: ROption<ExpirationOverride>,
+    pub tokens: TokenCounter,
+    pub log: Logger,
+}
+
+/// What `new` gets: the plugin's own config table and what it may be checked against.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct LoadContext {
+    /// The plugin's `[plugin.NAME]` table as JSON text (`{}` when there is none).
+    pub config_json: RString,
+    /// `agent_max_ctx` of the configuration.
+    pub agent_max_ctx: u64,
+    /// Every listed model, so values that depend on a model (a budget ≤ 0, a target not
+    /// below its limit) are checked at load (SPEC §4.1).
+    pub models: RVec<ModelInfo>,
+    pub log: Logger,
+}

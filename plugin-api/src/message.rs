@@ -1,0 +1,498 @@
+//! The message types that cross the ABI boundary (SPEC §2).
+//!
+//! Every type here is `#[repr(C)]` + `StableAbi`: changing a field is an ABI change
+//! (see the crate docs). The types are *faithful*: a message parsed from JSON and
+//! written back without changes is the same JSON value. Members the types do not model
+//! (unknown fields, a known field spelled `null`, a lifecycle flag that is not a bool)
+//! are kept verbatim in an `extra` list and written back as they came.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use abi_stable::{
+    std_types::{ROption, RString, RVec},
+    StableAbi,
+};
+
+/// A message's role. `developer` is treated as `system` by every rule
+/// ([`Role::is_system`]) and written back as `developer`.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    /// Parses a wire role name.
+    pub fn parse(name: &str) -> Option<Role> {
+        Some(match name {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            _ => return None,
+        })
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// `system` or `developer`.
+    pub fn is_system(self) -> bool {
+        matches!(self, Role::System | Role::Developer)
+    }
+
+    /// Same role for every rule (`developer` equals `system`).
+    pub fn same_kind(self, other: Role) -> bool {
+        self == other || (self.is_system() && other.is_system())
+    }
+}
+
+/// One JSON object member kept verbatim: its key and its value as compact JSON text.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub key: RString,
+    pub json: RString,
+}
+
+/// One part of an array content.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// `{"type": "text", "text": …}`; any other members of the part are kept in `extra`.
+    Text { text: RString, extra: RVec<Member> },
+    /// Any other part object (image, audio, file, a reasoning block, a text part whose
+    /// `text` is not a string), carried as its compact JSON text and returned unchanged.
+    Opaque { json: RString },
+}
+
+impl Part {
+    /// A plain text part.
+    pub fn text(text: impl Into<RString>) -> Part {
+        Part::Text {
+            text: text.into(),
+            extra: RVec::new(),
+        }
+    }
+
+    /// The part's text for measuring (SPEC §2.1): the text, or an opaque part's JSON.
+    pub fn measured_text(&self) -> &str {
+        match self {
+            Part::Text { text, .. } => text,
+            Part::Opaque { json } => json,
+        }
+    }
+}
+
+/// A message's `content`.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    /// `null` or absent.
+    Null,
+    /// A string: one text part for retention purposes.
+    Text(RString),
+    /// An array of parts.
+    Parts(RVec<Part>),
+}
+
+impl Content {
+    /// Number of parts: a string is one part, null none.
+    pub fn part_count(&self) -> usize {
+        match self {
+            Content::Null => 0,
+            Content::Text(_) => 1,
+            Content::Parts(parts) => parts.len(),
+        }
+    }
+
+    /// The items measured one by one (SPEC §2.1, §5.2): each text part as it is, each
+    /// opaque part as its compact JSON text.
+    pub fn items(&self) -> impl Iterator<Item = &str> {
+        let (single, parts): (Option<&str>, &[Part]) = match self {
+            Content::Null => (None, &[]),
+            Content::Text(text) => (Some(text.as_str()), &[]),
+            Content::Parts(parts) => (None, parts.as_slice()),
+        };
+        single.into_iter().chain(parts.iter().map(Part::measured_text))
+    }
+
+    /// The text of the content (SPEC §2.1): its items concatenated with no separator.
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(text) => text.to_string(),
+            _ => self.items().collect(),
+        }
+    }
+
+    /// Length of [`Content::text`] in characters (Unicode scalar values).
+    pub fn char_count(&self) -> usize {
+        self.items().map(|item| item.chars().count()).sum()
+    }
+
+    /// The content as a list of parts (a string becomes one text part, null none).
+    pub fn to_parts(&self) -> RVec<Part> {
+        match self {
+            Content::Null => RVec::new(),
+            Content::Text(text) => vec![Part::text(text.clone())].into(),
+            Content::Parts(parts) => parts.clone(),
+        }
+    }
+}
+
+/// One entry of an assistant message's `tool_calls`.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call id that a `tool` message answers with its `tool_call_id`.
+    pub id: RString,
+    /// `function.name` ("" when absent).
+    pub name: RString,
+    /// `function.arguments`: the string itself, or the JSON text of a non-string value.
+    pub arguments: RString,
+    /// `arguments` was not a string on the wire and is written back as JSON.
+    pub arguments_is_json: bool,
+    /// The call has a `function` object (name and arguments above, plus `function_extra`).
+    pub has_function: bool,
+    /// Other members of the call, e.g. `"type": "function"`.
+    pub extra: RVec<Member>,
+    /// Other members of the `function` object.
+    pub function_extra: RVec<Member>,
+}
+
+impl ToolCall {
+    /// A `{"id", "type": "function", "function": {"name", "arguments"}}` call.
+    pub fn function(id: &str, name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+            arguments_is_json: false,
+            has_function: true,
+            extra: vec![Member {
+                key: "type".into(),
+                json: "\"function\"".into(),
+            }]
+            .into(),
+            function_extra: RVec::new(),
+        }
+    }
+}
+
+/// `expiration.mode` (SPEC §2.2, §5.5).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpirationMode {
+    None,
+    Remove,
+    Compact,
+}
+
+impl ExpirationMode {
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "none" => Self::None,
+            "remove" => Self::Remove,
+            "compact" => Self::Compact,
+            _ => return None,
+        })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Remove => "remove",
+            Self::Compact => "compact",
+        }
+    }
+}
+
+/// `expiration.compact_mode` (SPEC §2.2, §5.5).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactMode {
+    FirstNChars,
+    AiSummary,
+}
+
+impl CompactMode {
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "first_n_chars" => Self::FirstNChars,
+            "ai_summary" => Self::AiSummary,
+            _ => return None,
+        })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FirstNChars => "first_n_chars",
+            Self::AiSummary => "ai_summary",
+        }
+    }
+}
+
+/// The `expiration` metadata object.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Expiration {
+    pub turns: ROption<u64>,
+    pub mode: ROption<ExpirationMode>,
+    pub compact_mode: ROption<CompactMode>,
+    pub compact_length: ROption<u64>,
+    /// Unknown members and members spelled `null`.
+    pub extra: RVec<Member>,
+}
+
+/// The `metadata` extension object (SPEC §2.2). Every field is optional.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Metadata {
+    pub id: ROption<RString>,
+    pub timestamp: ROption<RString>,
+    pub turn_added: ROption<u64>,
+    pub message_type: ROption<RString>,
+    /// One entry per content part; `None` entries are permanent.
+    pub retention_policy: ROption<RVec<ROption<u64>>>,
+    pub expiration: ROption<Expiration>,
+    pub was_compacted: ROption<bool>,
+    pub can_expand: ROption<bool>,
+    pub is_expired: ROption<bool>,
+    pub omitted: ROption<bool>,
+    pub original_content: ROption<Content>,
+    pub original_length: ROption<u64>,
+    pub tokens_saved: ROption<i64>,
+    /// Unknown members, members spelled `null`, lifecycle flags that are not bools, and
+    /// known members of a type the host does not check (e.g. a numeric `id`).
+    pub extra: RVec<Member>,
+}
+
+fn is_true(flag: &ROption<bool>) -> bool {
+    matches!(flag, ROption::RSome(true))
+}
+
+impl Metadata {
+    pub fn was_compacted(&self) -> bool {
+        is_true(&self.was_compacted)
+    }
+    pub fn can_expand(&self) -> bool {
+        is_true(&self.can_expand)
+    }
+    pub fn is_expired(&self) -> bool {
+        is_true(&self.is_expired)
+    }
+    pub fn omitted(&self) -> bool {
+        is_true(&self.omitted)
+    }
+}
+
+/// Token counts remembered on a message, one slot per tokenizer (0 = not counted yet,
+/// otherwise count + 1). It is a cache: the host fills it, a clone starts empty, and it
+/// never takes part in equality or in the wire format.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct TokenMemo {
+    slots: [AtomicU64; 3],
+}
+
+impl TokenMemo {
+    const fn new() -> Self {
+        TokenMemo {
+            slots: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+    /// The remembered count for tokenizer slot `slot`.
+    pub fn get(&self, slot: usize) -> Option<u64> {
+        match self.slots.get(slot)?.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n - 1),
+        }
+    }
+    /// Remembers a count for tokenizer slot `slot`.
+    pub fn set(&self, slot: usize, count: u64) {
+        if let Some(cell) = self.slots.get(slot) {
+            cell.store(count.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for TokenMemo {
+    fn default() -> Self {
+        TokenMemo::new()
+    }
+}
+
+impl std::fmt::Debug for TokenMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenMemo")
+    }
+}
+
+/// One conversation message (SPEC §2.1) plus the host-derived data of §2.3.
+///
+/// Histories cross the boundary as `RArc<Message>`: to pass a message through, clone the
+/// `RArc` (no content is copied). To change one, clone the `Message` (`(*msg).clone()`),
+/// edit the copy and wrap it in a new `RArc`: the copy keeps the original's `turn` and
+/// identity, which is how the host's output check knows it is a changed copy and not an
+/// invented message.
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct Message {
+    pub role: Role,
+    pub content: Content,
+    /// Tool calls of an assistant message (empty when it has none).
+    pub tool_calls: RVec<ToolCall>,
+    pub tool_call_id: ROption<RString>,
+    pub name: ROption<RString>,
+    pub metadata: ROption<Metadata>,
+    /// Unknown members, and known members kept verbatim (see the module docs).
+    pub extra: RVec<Member>,
+    /// The turn this message belongs to, derived by the host once per chain run
+    /// (SPEC §2.3). Read it; do not re-derive. Never written to the wire.
+    pub turn: u64,
+    origin: u64,
+    memo: TokenMemo,
+}
+
+impl Clone for Message {
+    fn clone(&self) -> Self {
+        Message {
+            role: self.role,
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone(),
+            metadata: self.metadata.clone(),
+            extra: self.extra.clone(),
+            turn: self.turn,
+            origin: self.origin,
+            // A copy is usually about to change: its counts are recomputed on demand.
+            memo: TokenMemo::new(),
+        }
+    }
+}
+
+/// Equality of what goes on the wire (role, content, calls, ids, name, metadata,
+/// extra members); the turn, identity and token cache are not compared.
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        self.role == other.role
+            && self.content == other.content
+            && self.tool_calls == other.tool_calls
+            && self.tool_call_id == other.tool_call_id
+            && self.name == other.name
+            && self.metadata == other.metadata
+            && self.extra == other.extra
+    }
+}
+
+impl Message {
+    /// A new message with no calls, ids, metadata or identity.
+    ///
+    /// The host's output check refuses a message that is neither an input message, a
+    /// changed copy or merge of one, nor a placeholder result made with
+    /// [`Message::placeholder_result`]; a plugin derives new messages from old ones.
+    pub fn new(role: Role, content: Content) -> Message {
+        Message {
+            role,
+            content,
+            tool_calls: RVec::new(),
+            tool_call_id: ROption::RNone,
+            name: ROption::RNone,
+            metadata: ROption::RNone,
+            extra: RVec::new(),
+            turn: 0,
+            origin: 0,
+            memo: TokenMemo::new(),
+        }
+    }
+
+    /// A `tool` message answering `call_id` of the assistant message `call` with
+    /// `content`; it takes the turn (and identity) of its call (SPEC §2.3).
+    pub fn placeholder_result(call: &Message, call_id: &str, content: &str) -> Message {
+        let mut message = Message::new(Role::Tool, Content::Text(content.into()));
+        message.tool_call_id = ROption::RSome(call_id.into());
+        message.turn = call.turn;
+        message.origin = call.origin;
+        message
+    }
+
+    /// The host-assigned identity shared by a message and its changed copies
+    /// (0 for a message the host has not seen).
+    pub fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    /// Sets the identity. Only the host does this, when a message enters a chain run.
+    #[doc(hidden)]
+    pub fn set_origin(&mut self, origin: u64) {
+        self.origin = origin;
+    }
+
+    /// The token cache (see [`TokenMemo`]); used by the host's token counter.
+    #[doc(hidden)]
+    pub fn token_memo(&self) -> &TokenMemo {
+        &self.memo
+    }
+
+    /// The metadata, if any.
+    pub fn meta(&self) -> Option<&Metadata> {
+        self.metadata.as_ref().into_option()
+    }
+
+    /// The metadata, created empty when absent.
+    pub fn meta_mut(&mut self) -> &mut Metadata {
+        if self.metadata.is_none() {
+            self.metadata = ROption::RSome(Metadata::default());
+        }
+        match &mut self.metadata {
+            ROption::RSome(meta) => meta,
+            ROption::RNone => unreachable!("metadata was just set"),
+        }
+    }
+
+    /// `metadata.id`.
+    pub fn id(&self) -> Option<&str> {
+        self.meta()
+            .and_then(|m| m.id.as_ref().into_option())
+            .map(|s| s.as_str())
+    }
+
+    /// `tool_call_id`.
+    pub fn call_id(&self) -> Option<&str> {
+        self.tool_call_id.as_ref().into_option().map(|s| s.as_str())
+    }
+
+    /// True when `metadata.<flag>` is `true` for any of `omitted`, `was_compacted` or
+    /// `is_expired`: the message was already shortened by a plugin.
+    pub fn is_shortened(&self) -> bool {
+        self.meta()
+            .is_some_and(|m| m.omitted() || m.was_compacted() || m.is_expired())
+    }
+
+    /// An assistant message with at least one tool call.
+    pub fn has_tool_calls(&self) -> bool {
+        self.role == Role::Assistant && !self.tool_calls.is_empty()
+    }
+
+    /// The items counted by a tokenizer (SPEC §5.2): each text part, each opaque part's
+    /// JSON text, each tool call's function name and arguments string.
+    pub fn token_items(&self) -> impl Iterator<Item = &str> {
+        self.content.items().chain(
+            self.tool_calls
+                .iter()
+                .flat_map(|call| [call.name.as_str(), call.arguments.as_str()]),
+        )
+    }
+}

@@ -1,0 +1,148 @@
+//! The structure of a history, as SPEC §2.1 and §5 define it: which call a tool result
+//! answers, structural faults, and units. The host, its output check and every plugin use
+//! these same definitions, so they agree on what "valid" means.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use abi_stable::std_types::RArc;
+
+use crate::message::{Message, Role};
+
+/// For each message, the index of the assistant message a `tool` message answers: the
+/// nearest earlier assistant message with a tool call of that id (real histories reuse
+/// ids across assistant messages). `None` for orphan results and for other roles.
+pub fn answered_calls(history: &[RArc<Message>]) -> Vec<Option<usize>> {
+    let mut latest_call: HashMap<&str, usize> = HashMap::new();
+    history
+        .iter()
+        .enumerate()
+        .map(|(index, message)| match message.role {
+            Role::Assistant => {
+                for call in message.tool_calls.iter() {
+                    latest_call.insert(call.id.as_str(), index);
+                }
+                None
+            }
+            Role::Tool => message.call_id().and_then(|id| latest_call.get(id).copied()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Number of leading `system`/`developer` messages.
+pub fn leading_system_count(history: &[RArc<Message>]) -> usize {
+    history
+        .iter()
+        .take_while(|message| message.role.is_system())
+        .count()
+}
+
+/// The structural faults of SPEC §2.1.1: not bad input, but what `role_pair` repairs and
+/// what no plugin may add (§4.3).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Indices of tool results that answer no call.
+    pub orphan_results: Vec<usize>,
+    /// (assistant index, call id) of calls with no result.
+    pub unanswered_calls: Vec<(usize, String)>,
+    /// Index of the first message after the leading system messages, when it is not a
+    /// `user` message.
+    pub non_user_start: Option<usize>,
+}
+
+impl Faults {
+    /// Finds the faults of a history.
+    pub fn of(history: &[RArc<Message>]) -> Faults {
+        let answers = answered_calls(history);
+        Faults::with_answers(history, &answers)
+    }
+
+    /// Same as [`Faults::of`] when [`answered_calls`] is already known.
+    pub fn with_answers(history: &[RArc<Message>], answers: &[Option<usize>]) -> Faults {
+        let mut faults = Faults::default();
+        let mut answered: HashMap<(usize, &str), usize> = HashMap::new();
+        for (index, message) in history.iter().enumerate() {
+            if message.role != Role::Tool {
+                continue;
+            }
+            match (answers[index], message.call_id()) {
+                (Some(call), Some(id)) => *answered.entry((call, id)).or_default() += 1,
+                _ => faults.orphan_results.push(index),
+            }
+        }
+        for (index, message) in history.iter().enumerate() {
+            if message.role != Role::Assistant {
+                continue;
+            }
+            for call in message.tool_calls.iter() {
+                if !answered.contains_key(&(index, call.id.as_str())) {
+                    faults.unanswered_calls.push((index, call.id.to_string()));
+                }
+            }
+        }
+        let start = leading_system_count(history);
+        if let Some(first) = history.get(start) {
+            if first.role != Role::User {
+                faults.non_user_start = Some(start);
+            }
+        }
+        faults
+    }
+
+    /// Total number of faults.
+    pub fn count(&self) -> usize {
+        self.orphan_results.len() + self.unanswered_calls.len() + usize::from(self.non_user_start.is_some())
+    }
+
+    /// One line per fault, for reports.
+    pub fn describe(&self, history: &[RArc<Message>]) -> Vec<String> {
+        let mut lines = Vec::new();
+        for &index in &self.orphan_results {
+            let id = history[index].call_id().unwrap_or("");
+            lines.push(format!("message {index}: tool result \"{id}\" answers no call"));
+        }
+        for (index, id) in &self.unanswered_calls {
+            lines.push(format!("message {index}: tool call \"{id}\" has no result"));
+        }
+        if let Some(index) = self.non_user_start {
+            lines.push(format!(
+                "message {index}: history starts with {} after the system messages",
+                history[index].role.as_str()
+            ));
+        }
+        lines
+    }
+}
+
+/// The units of SPEC §5: an assistant message with tool calls together with everything up
+/// to its last answering tool message (overlapping spans join into one unit); any other
+/// message is a unit by itself. Returned in order, covering `0..history.len()`.
+pub fn units(history: &[RArc<Message>]) -> Vec<Range<usize>> {
+    let answers = answered_calls(history);
+    units_with_answers(history.len(), &answers)
+}
+
+/// Same as [`units`] when [`answered_calls`] is already known.
+pub fn units_with_answers(len: usize, answers: &[Option<usize>]) -> Vec<Range<usize>> {
+    // span_end[a] = last index answering assistant a (a itself when none).
+    let mut span_end: Vec<usize> = (0..len).collect();
+    for (index, answer) in answers.iter().enumerate() {
+        if let Some(call) = *answer {
+            span_end[call] = span_end[call].max(index);
+        }
+    }
+    let mut units = Vec::new();
+    let mut start = 0;
+    while start < len {
+        let mut end = span_end[start];
+        let mut next = start + 1;
+        while next <= end {
+            end = end.max(span_end[next]);
+            next += 1;
+        }
+        units.push(start..end + 1);
+        start = end + 1;
+    }
+    units
+}

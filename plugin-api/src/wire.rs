@@ -1,0 +1,651 @@
+//! The JSON wire format (SPEC §2.1, §2.2): parsing with the input checks of §2.1.1, and
+//! writing back. Not part of the ABI — the host parses once and hands plugins typed
+//! messages — but it is the contract's definition of the format, and plugin authors use it
+//! to build test histories from JSON.
+//!
+//! Fidelity rule: `write(parse(x))` is the same JSON value as `x`. Members the types do
+//! not model go to an `extra` list verbatim; a known member spelled `null` counts as
+//! absent (§2.1.1) but is kept there too, so it is written back as it came.
+
+use abi_stable::std_types::{RArc, ROption, RString, RVec};
+use serde_json::{Map, Value};
+
+use crate::message::{
+    CompactMode, Content, Expiration, ExpirationMode, Member, Message, Metadata, Part, Role, ToolCall,
+};
+
+/// A message that is bad input (§2.1.1), with the path of the offending member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl std::fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn bad<T>(message: impl Into<String>) -> Result<T, ShapeError> {
+    Err(ShapeError(message.into()))
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn member(key: &str, value: &Value) -> Member {
+    Member {
+        key: key.into(),
+        json: value.to_string().into(),
+    }
+}
+
+/// Parses one message object. The error says what is wrong, relative to the message.
+pub fn parse_message(value: &Value) -> Result<Message, ShapeError> {
+    let Value::Object(object) = value else {
+        return bad(format!("expected a message object, found {}", kind(value)));
+    };
+    let role = match object.get("role") {
+        Some(Value::String(name)) => match Role::parse(name) {
+            Some(role) => role,
+            None => return bad(format!("unknown role \"{name}\"")),
+        },
+        Some(other) => return bad(format!("role must be a string, found {}", kind(other))),
+        None => return bad("missing role"),
+    };
+    let mut message = Message::new(role, Content::Null);
+    for (key, value) in object {
+        match (key.as_str(), value) {
+            ("role", _) => {}
+            (_, Value::Null) => message.extra.push(member(key, value)),
+            ("content", _) => {
+                message.content = parse_content(value).ok_or_else(|| {
+                    ShapeError(format!(
+                        "content must be a string, an array of part objects or null, found {}",
+                        kind(value)
+                    ))
+                })?
+            }
+            ("tool_calls", Value::Array(calls)) if role == Role::Assistant && !calls.is_empty() => {
+                for (i, call) in calls.iter().enumerate() {
+                    message.tool_calls.push(
+                        parse_tool_call(call).map_err(|e| ShapeError(format!("tool_calls[{i}]: {}", e.0)))?,
+                    );
+                }
+            }
+            ("tool_calls", Value::Array(_)) => message.extra.push(member(key, value)),
+            ("tool_calls", other) if role == Role::Assistant => {
+                return bad(format!("tool_calls must be an array, found {}", kind(other)))
+            }
+            ("tool_call_id", Value::String(id)) => message.tool_call_id = ROption::RSome(id.as_str().into()),
+            ("tool_call_id", other) if role == Role::Tool => {
+                return bad(format!("tool_call_id must be a string, found {}", kind(other)))
+            }
+            ("name", Value::String(name)) => message.name = ROption::RSome(name.as_str().into()),
+            ("metadata", Value::Object(meta)) => {
+                message.metadata =
+                    ROption::RSome(parse_metadata(meta).map_err(|e| ShapeError(format!("metadata.{}", e.0)))?)
+            }
+            ("metadata", other) => return bad(format!("metadata must be an object, found {}", kind(other))),
+            _ => message.extra.push(member(key, value)),
+        }
+    }
+    if role == Role::Tool && message.tool_call_id.is_none() {
+        return bad("tool message without tool_call_id");
+    }
+    Ok(message)
+}
+
+/// Parses a content value: a string, an array of part objects, or null.
+fn parse_content(value: &Value) -> Option<Content> {
+    match value {
+        Value::Null => Some(Content::Null),
+        Value::String(text) => Some(Content::Text(text.as_str().into())),
+        Value::Array(parts) => parts
+            .iter()
+            .map(parse_part)
+            .collect::<Option<RVec<Part>>>()
+            .map(Content::Parts),
+        _ => None,
+    }
+}
+
+fn parse_part(value: &Value) -> Option<Part> {
+    let Value::Object(object) = value else {
+        return None;
+    };
+    if let (Some(Value::String(kind)), Some(Value::String(text))) = (object.get("type"), object.get("text")) {
+        if kind == "text" {
+            let extra = object
+                .iter()
+                .filter(|(key, _)| *key != "type" && *key != "text")
+                .map(|(key, value)| member(key, value))
+                .collect();
+            return Some(Part::Text {
+                text: text.as_str().into(),
+                extra,
+            });
+        }
+    }
+    Some(Part::Opaque {
+        json: value.to_string().into(),
+    })
+}
+
+fn parse_tool_call(value: &Value) -> Result<ToolCall, ShapeError> {
+    let Value::Object(object) = value else {
+        return bad(format!("expected a tool call object, found {}", kind(value)));
+    };
+    let id = match object.get("id") {
+        Some(Value::String(id)) => id.as_str(),
+        Some(other) => return bad(format!("id must be a string, found {}", kind(other))),
+        None => return bad("tool call without id"),
+    };
+    let mut call = ToolCall {
+        id: id.into(),
+        name: RString::new(),
+        arguments: RString::new(),
+        arguments_is_json: false,
+        has_function: false,
+        extra: RVec::new(),
+        function_extra: RVec::new(),
+    };
+    for (key, value) in object {
+        match (key.as_str(), value) {
+            ("id", _) => {}
+            ("function", Value::Object(function)) => {
+                call.has_function = true;
+                for (key, value) in function {
+                    match (key.as_str(), value) {
+                        ("name", Value::String(name)) => call.name = name.as_str().into(),
+                        ("arguments", Value::String(arguments)) => call.arguments = arguments.as_str().into(),
+                        ("arguments", Value::Null) => call.function_extra.push(member(key, value)),
+                        ("arguments", other) => {
+                            call.arguments = other.to_string().into();
+                            call.arguments_is_json = true;
+                        }
+                        _ => call.function_extra.push(member(key, value)),
+                    }
+                }
+            }
+            _ => call.extra.push(member(key, value)),
+        }
+    }
+    Ok(call)
+}
+
+fn parse_u64(value: &Value) -> Option<u64> {
+    value.as_u64()
+}
+
+fn parse_metadata(object: &Map<String, Value>) -> Result<Metadata, ShapeError> {
+    let mut meta = Metadata::default();
+    for (key, value) in object {
+        let kept = match (key.as_str(), value) {
+            (_, Value::Null) => false,
+            ("id", Value::String(s)) => {
+                meta.id = ROption::RSome(s.as_str().into());
+                true
+            }
+            ("timestamp", Value::String(s)) => {
+                meta.timestamp = ROption::RSome(s.as_str().into());
+                true
+            }
+            ("message_type", Value::String(s)) => {
+                meta.message_type = ROption::RSome(s.as_str().into());
+                true
+            }
+            ("turn_added", value) => match parse_u64(value) {
+                Some(turn) if turn >= 1 => {
+                    meta.turn_added = ROption::RSome(turn);
+                    true
+                }
+                _ => return bad(format!("turn_added must be an integer ≥ 1, found {value}")),
+            },
+            ("retention_policy", Value::Array(entries)) => {
+                let mut policy = RVec::with_capacity(entries.len());
+                for (i, entry) in entries.iter().enumerate() {
+                    policy.push(match entry {
+                        Value::Null => ROption::RNone,
+                        other => match parse_u64(other) {
+                            Some(n) => ROption::RSome(n),
+                            None => {
+                                return bad(format!(
+                                    "retention_policy[{i}] must be an integer ≥ 0 or null, found {other}"
+                                ))
+                            }
+                        },
+                    });
+                }
+                meta.retention_policy = ROption::RSome(policy);
+                true
+            }
+            ("retention_policy", other) => {
+                return bad(format!(
+                    "retention_policy must be an array, found {}",
+                    kind(other)
+                ))
+            }
+            ("expiration", Value::Object(expiration)) => {
+                meta.expiration = ROption::RSome(
+                    parse_expiration(expiration).map_err(|e| ShapeError(format!("expiration.{}", e.0)))?,
+                );
+                true
+            }
+            ("expiration", other) => {
+                return bad(format!("expiration must be an object, found {}", kind(other)))
+            }
+            ("was_compacted", Value::Bool(b)) => {
+                meta.was_compacted = ROption::RSome(*b);
+                true
+            }
+            ("can_expand", Value::Bool(b)) => {
+                meta.can_expand = ROption::RSome(*b);
+                true
+            }
+            ("is_expired", Value::Bool(b)) => {
+                meta.is_expired = ROption::RSome(*b);
+                true
+            }
+            ("omitted", Value::Bool(b)) => {
+                meta.omitted = ROption::RSome(*b);
+                true
+            }
+            ("original_content", value) => match parse_content(value) {
+                Some(content) => {
+                    meta.original_content = ROption::RSome(content);
+                    true
+                }
+                None => false,
+            },
+            ("original_length", value) => match parse_u64(value) {
+                Some(n) => {
+                    meta.original_length = ROption::RSome(n);
+                    true
+                }
+                None => false,
+            },
+            ("tokens_saved", value) => match value.as_i64() {
+                Some(n) => {
+                    meta.tokens_saved = ROption::RSome(n);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        };
+        if !kept {
+            meta.extra.push(member(key, value));
+        }
+    }
+    Ok(meta)
+}
+
+fn parse_expiration(object: &Map<String, Value>) -> Result<Expiration, ShapeError> {
+    let mut expiration = Expiration::default();
+    for (key, value) in object {
+        match (key.as_str(), value) {
+            (_, Value::Null) => expiration.extra.push(member(key, value)),
+            ("turns", value) => match parse_u64(value) {
+                Some(n) => expiration.turns = ROption::RSome(n),
+                None => return bad(format!("turns must be an integer ≥ 0, found {value}")),
+            },
+            ("compact_length", value) => match parse_u64(value) {
+                Some(n) => expiration.compact_length = ROption::RSome(n),
+                None => return bad(format!("compact_length must be an integer ≥ 0, found {value}")),
+            },
+            ("mode", value) => match value.as_str().and_then(ExpirationMode::parse) {
+                Some(mode) => expiration.mode = ROption::RSome(mode),
+                None => {
+                    return bad(format!(
+                        "mode must be one of none, remove, compact, found {value}"
+                    ))
+                }
+            },
+            ("compact_mode", value) => match value.as_str().and_then(CompactMode::parse) {
+                Some(mode) => expiration.compact_mode = ROption::RSome(mode),
+                None => {
+                    return bad(format!(
+                        "compact_mode must be one of first_n_chars, ai_summary, found {value}"
+                    ))
+                }
+            },
+            _ => expiration.extra.push(member(key, value)),
+        }
+    }
+    Ok(expiration)
+}
+
+/// Parses a history: a JSON array of message objects. Errors name the message index:
+/// `message 3: unknown role "robot"`.
+pub fn parse_history(value: &Value) -> Result<Vec<RArc<Message>>, ShapeError> {
+    let Value::Array(messages) = value else {
+        return bad(format!("expected an array of messages, found {}", kind(value)));
+    };
+    messages
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            parse_message(value)
+                .map(RArc::new)
+                .map_err(|e| ShapeError(format!("message {index}: {}", e.0)))
+        })
+        .collect()
+}
+
+/// Writes compact JSON. Kept members are spliced in verbatim.
+struct Writer {
+    out: String,
+    first: bool,
+}
+
+impl Writer {
+    fn open(out: String) -> Writer {
+        let mut writer = Writer { out, first: true };
+        writer.out.push('{');
+        writer
+    }
+    fn key(&mut self, key: &str) {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        write_string(&mut self.out, key);
+        self.out.push(':');
+    }
+    fn string(&mut self, key: &str, value: &str) {
+        self.key(key);
+        write_string(&mut self.out, value);
+    }
+    fn raw(&mut self, key: &str, json: &str) {
+        self.key(key);
+        self.out.push_str(json);
+    }
+    /// Writes the kept members whose key was not written by a typed field.
+    fn extra(&mut self, extra: &[Member], written: &[&str]) {
+        for m in extra {
+            if !written.contains(&m.key.as_str()) {
+                self.raw(&m.key, &m.json);
+            }
+        }
+    }
+    fn close(mut self) -> String {
+        self.out.push('}');
+        self.out
+    }
+}
+
+fn write_string(out: &mut String, value: &str) {
+    // serde_json's escaping: never fails for a str.
+    out.push_str(&serde_json::to_string(value).unwrap_or_default());
+}
+
+fn write_content(out: &mut String, content: &Content) {
+    match content {
+        Content::Null => out.push_str("null"),
+        Content::Text(text) => write_string(out, text),
+        Content::Parts(parts) => {
+            out.push('[');
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                match part {
+                    Part::Opaque { json } => out.push_str(json),
+                    Part::Text { text, extra } => {
+                        let mut w = Writer::open(std::mem::take(out));
+                        w.string("type", "text");
+                        w.string("text", text);
+                        w.extra(extra, &["type", "text"]);
+                        *out = w.close();
+                    }
+                }
+            }
+            out.push(']');
+        }
+    }
+}
+
+fn write_tool_call(out: &mut String, call: &ToolCall) {
+    let mut w = Writer::open(std::mem::take(out));
+    w.string("id", &call.id);
+    let mut written = vec!["id"];
+    if call.has_function {
+        w.key("function");
+        let mut f = Writer::open(std::mem::take(&mut w.out));
+        f.string("name", &call.name);
+        if call.arguments_is_json {
+            f.raw("arguments", &call.arguments);
+        } else {
+            f.string("arguments", &call.arguments);
+        }
+        f.extra(&call.function_extra, &["name", "arguments"]);
+        w.out = f.close();
+        written.push("function");
+    }
+    w.extra(&call.extra, &written);
+    *out = w.close();
+}
+
+fn write_metadata(out: &mut String, meta: &Metadata) {
+    let mut w = Writer::open(std::mem::take(out));
+    let mut written: Vec<&str> = Vec::new();
+    macro_rules! field {
+        ($name:literal, $value:expr, |$w:ident, $v:ident| $write:expr) => {
+            if let ROption::RSome($v) = &$value {
+                let $w = &mut w;
+                $w.key($name);
+                $write;
+                written.push($name);
+            }
+        };
+    }
+    field!("id", meta.id, |w, v| write_string(&mut w.out, v));
+    field!("timestamp", meta.timestamp, |w, v| write_string(&mut w.out, v));
+    field!("turn_added", meta.turn_added, |w, v| w
+        .out
+        .push_str(&v.to_string()));
+    field!("message_type", meta.message_type, |w, v| write_string(
+        &mut w.out, v
+    ));
+    field!("retention_policy", meta.retention_policy, |w, v| {
+        w.out.push('[');
+        for (i, entry) in v.iter().enumerate() {
+            if i > 0 {
+                w.out.push(',');
+            }
+            match entry {
+                ROption::RSome(n) => w.out.push_str(&n.to_string()),
+                ROption::RNone => w.out.push_str("null"),
+            }
+        }
+        w.out.push(']');
+    });
+    field!("expiration", meta.expiration, |w, v| {
+        let mut e = Writer::open(std::mem::take(&mut w.out));
+        let mut inner: Vec<&str> = Vec::new();
+        if let ROption::RSome(turns) = v.turns {
+            e.raw("turns", &turns.to_string());
+            inner.push("turns");
+        }
+        if let ROption::RSome(mode) = v.mode {
+            e.string("mode", mode.as_str());
+            inner.push("mode");
+        }
+        if let ROption::RSome(mode) = v.compact_mode {
+            e.string("compact_mode", mode.as_str());
+            inner.push("compact_mode");
+        }
+        if let ROption::RSome(length) = v.compact_length {
+            e.raw("compact_length", &length.to_string());
+            inner.push("compact_length");
+        }
+        e.extra(&v.extra, &inner);
+        w.out = e.close();
+    });
+    field!("was_compacted", meta.was_compacted, |w, v| w
+        .out
+        .push_str(if *v { "true" } else { "false" }));
+    field!("can_expand", meta.can_expand, |w, v| w.out.push_str(if *v {
+        "true"
+    } else {
+        "false"
+    }));
+    field!("is_expired", meta.is_expired, |w, v| w.out.push_str(if *v {
+        "true"
+    } else {
+        "false"
+    }));
+    field!("omitted", meta.omitted, |w, v| w.out.push_str(if *v {
+        "true"
+    } else {
+        "false"
+    }));
+    field!("original_content", meta.original_content, |w, v| write_content(
+        &mut w.out, v
+    ));
+    field!("original_length", meta.original_length, |w, v| w
+        .out
+        .push_str(&v.to_string()));
+    field!("tokens_saved", meta.tokens_saved, |w, v| w
+        .out
+        .push_str(&v.to_string()));
+    w.extra(&meta.extra, &written);
+    *out = w.close();
+}
+
+/// Appends one message as compact JSON.
+pub fn write_message(out: &mut String, message: &Message) {
+    let mut w = Writer::open(std::mem::take(out));
+    let mut written = vec!["role"];
+    w.string("role", message.role.as_str());
+    if message.content != Content::Null {
+        w.key("content");
+        write_content(&mut w.out, &message.content);
+        written.push("content");
+    }
+    if !message.tool_calls.is_empty() {
+        w.key("tool_calls");
+        w.out.push('[');
+        for (i, call) in message.tool_calls.iter().enumerate() {
+            if i > 0 {
+                w.out.push(',');
+            }
+            write_tool_call(&mut w.out, call);
+        }
+        w.out.push(']');
+        written.push("tool_calls");
+    }
+    if let ROption::RSome(id) = &message.tool_call_id {
+        w.string("tool_call_id", id);
+        written.push("tool_call_id");
+    }
+    if let ROption::RSome(name) = &message.name {
+        w.string("name", name);
+        written.push("name");
+    }
+    if let ROption::RSome(meta) = &message.metadata {
+        w.key("metadata");
+        write_metadata(&mut w.out, meta);
+        written.push("metadata");
+    }
+    w.extra(&message.extra, &written);
+    *out = w.close();
+}
+
+/// One message as compact JSON text.
+pub fn message_to_string(message: &Message) -> String {
+    let mut out = String::new();
+    write_message(&mut out, message);
+    out
+}
+
+/// A history as a compact JSON array.
+pub fn history_to_string(history: &[RArc<Message>]) -> String {
+    let mut out = String::from("[");
+    for (i, message) in history.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_message(&mut out, message);
+    }
+    out.push(']');
+    out
+}
+
+/// Parses JSON text into a history (test and tooling convenience).
+pub fn history_from_str(json: &str) -> Result<Vec<RArc<Message>>, ShapeError> {
+    let value: Value = serde_json::from_str(json).map_err(|e| ShapeError(format!("not valid JSON: {e}")))?;
+    parse_history(&value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(json: &str) {
+        let value: Value = serde_json::from_str(json).unwrap();
+        let message = parse_message(&value).unwrap();
+        let back: Value = serde_json::from_str(&message_to_string(&message)).unwrap();
+        assert_eq!(value, back, "{json}");
+    }
+
+    #[test]
+    fn messages_round_trip_as_the_same_json_value() {
+        round_trip(r#"{"role":"user","content":"hi"}"#);
+        round_trip(r#"{"role":"user"}"#);
+        round_trip(
+            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"q\":1}"}}]}"#,
+        );
+        round_trip(
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"c1","function":{"name":"f","arguments":{"q":1},"x":2},"extra":[1]}]}"#,
+        );
+        round_trip(r#"{"role":"assistant","tool_calls":[]}"#);
+        round_trip(
+            r#"{"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":5}]}"#,
+        );
+        round_trip(r#"{"role":"developer","content":"d","name":null,"weird":{"a":[1,2]}}"#);
+        round_trip(r#"{"role":"user","content":"x","tool_calls":[{"id":1}]}"#);
+        round_trip(
+            r#"{"role":"user","content":"x","metadata":{"id":"m1","turn_added":3,"retention_policy":[null,2],"expiration":{"turns":2,"mode":"compact","compact_mode":"first_n_chars","compact_length":0,"extra":true},"omitted":"yes","was_compacted":false,"original_content":[{"type":"text","text":"o"}],"original_length":10,"tokens_saved":-2,"custom":{"k":"v"},"id2":null}}"#,
+        );
+        round_trip(
+            r#"{"role":"user","content":"x","metadata":{"id":5,"original_content":7,"turn_added":null}}"#,
+        );
+    }
+
+    #[test]
+    fn shape_errors_say_what_is_wrong() {
+        let err = |json: &str| parse_history(&serde_json::from_str(json).unwrap()).unwrap_err().0;
+        assert_eq!(
+            err(r#"[{"role":"user","content":"a"},{"role":"robot"}]"#),
+            "message 1: unknown role \"robot\""
+        );
+        assert_eq!(
+            err(r#"[{"role":"tool","content":"a"}]"#),
+            "message 0: tool message without tool_call_id"
+        );
+        assert!(err(r#"[{"role":"user","content":5}]"#).starts_with("message 0: content must be"));
+        assert!(err(r#"[{"role":"user","content":[1]}]"#).starts_with("message 0: content must be"));
+        assert_eq!(
+            err(r#"[{"role":"assistant","tool_calls":[{"type":"function"}]}]"#),
+            "message 0: tool_calls[0]: tool call without id"
+        );
+        assert!(err(r#"[{"role":"user","metadata":{"turn_added":0}}]"#).contains("metadata.turn_added"));
+        assert!(
+            err(r#"[{"role":"user","metadata":{"retention_policy":[-1]}}]"#).contains("retention_policy[0]")
+        );
+        assert!(
+            err(r#"[{"role":"user","metadata":{"expiration":{"mode":"later"}}}]"#)
+                .contains("expiration.mode")
+        );
+        assert!(err(r#"[{"role":"user","metadata":[]}]"#).contains("metadata must be an object"));
+        assert!(err(r#"{"role":"user"}"#).contains("expected an array"));
+    }
+}

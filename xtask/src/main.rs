@@ -1,0 +1,209 @@
+//! `cargo xtask`: the project's tasks, in Rust instead of shell scripts.
+//!
+//! ```text
+//! cargo xtask build [--release]        build the host and every plugin, install the
+//!                                      plugin libraries into target/plugins
+//! cargo xtask test [ARGS…]             build (debug), then cargo test --workspace ARGS…
+//! cargo xtask new-plugin NAME [--dir D] scaffold a plugin crate (in plugins/NAME, or a
+//!                                      standalone crate in D)
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+mod scaffold;
+
+type Result<T> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("build") => build(args[1..].iter().any(|a| a == "--release")).map(|_| ()),
+        Some("test") => test(&args[1..]),
+        Some("new-plugin") => new_plugin(&args[1..]),
+        _ => Err(USAGE.trim().to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "
+usage: cargo xtask <task>
+  build [--release]           build the host and every plugin; install plugins into target/plugins
+  test [ARGS...]              build (debug), then run every test: cargo test --workspace ARGS...
+  new-plugin NAME [--dir DIR] scaffold a plugin crate in plugins/NAME (or standalone in DIR)
+";
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{command:?} failed ({status})"))
+    }
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The workspace's plugin packages: members with a `cdylib` target named `history_plugin_*`.
+fn plugin_packages() -> Result<Vec<String>> {
+    let output = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).map_err(|e| format!("cargo metadata: {e}"))?;
+    let mut names = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        let name = package["name"].as_str().unwrap_or_default();
+        let is_cdylib = package["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["kind"].as_array().into_iter().flatten().any(|k| k == "cdylib"));
+        if is_cdylib && name.starts_with("history_plugin_") {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Refuses `panic = "abort"` for the profile: a plugin's panic must unwind to the export
+/// macro's `catch_unwind`, or it takes the whole host process down (SPEC §3.2).
+fn refuse_panic_abort(profile: &str) -> Result<()> {
+    let root = workspace_root();
+    let env_key = format!("CARGO_PROFILE_{}_PANIC", profile.to_uppercase());
+    if std::env::var(&env_key).is_ok_and(|v| v == "abort") {
+        return Err(format!(
+            "{env_key}=abort: plugins must be built with panic = \"unwind\""
+        ));
+    }
+    for file in [root.join("Cargo.toml"), root.join(".cargo/config.toml")] {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let document: toml_edit::DocumentMut =
+            text.parse().map_err(|e| format!("{}: {e}", file.display()))?;
+        let panic = document
+            .get("profile")
+            .and_then(|p| p.get(profile))
+            .and_then(|p| p.get("panic"))
+            .and_then(|p| p.as_str());
+        if panic == Some("abort") {
+            return Err(format!(
+                "{} sets panic = \"abort\" in [profile.{profile}]: refusing to build plugins that way — \
+                 a panicking plugin would take the host down instead of becoming an error; use panic = \"unwind\"",
+                file.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Copies a library into `dir` under a temporary name, then renames it into place: a
+/// process that has the old file loaded keeps its mapping (overwriting a loaded library
+/// in place crashes that process, SPEC §3.2).
+pub fn install_library(library: &Path, dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let file_name = library.file_name().ok_or("library without a file name")?;
+    let destination = dir.join(file_name);
+    let temporary = dir.join(format!(".{}.installing", file_name.to_string_lossy()));
+    std::fs::copy(library, &temporary).map_err(|e| {
+        format!(
+            "cannot copy {} to {}: {e}",
+            library.display(),
+            temporary.display()
+        )
+    })?;
+    std::fs::rename(&temporary, &destination)
+        .map_err(|e| format!("cannot install {}: {e}", destination.display()))?;
+    Ok(destination)
+}
+
+fn library_file(package: &str) -> String {
+    format!(
+        "{}{package}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+/// Builds the host and every plugin, and installs the plugins into `target/plugins`.
+fn build(release: bool) -> Result<PathBuf> {
+    let profile = if release { "release" } else { "dev" };
+    refuse_panic_abort(profile)?;
+    let plugins = plugin_packages()?;
+    let mut command = cargo();
+    command
+        .current_dir(workspace_root())
+        .args(["build", "--package", "history-host"]);
+    for plugin in &plugins {
+        command.args(["--package", plugin]);
+    }
+    if release {
+        command.arg("--release");
+    }
+    run(&mut command)?;
+    let built = target_dir().join(if release { "release" } else { "debug" });
+    let plugin_dir = target_dir().join("plugins");
+    for plugin in &plugins {
+        let installed = install_library(&built.join(library_file(plugin)), &plugin_dir)?;
+        eprintln!("installed {}", installed.display());
+    }
+    Ok(plugin_dir)
+}
+
+fn test(args: &[String]) -> Result<()> {
+    build(false)?;
+    run(cargo()
+        .current_dir(workspace_root())
+        .args(["test", "--workspace"])
+        .args(args))
+}
+
+fn new_plugin(args: &[String]) -> Result<()> {
+    let name = args
+        .first()
+        .ok_or("usage: cargo xtask new-plugin NAME [--dir DIR]")?;
+    let dir = match args.iter().position(|a| a == "--dir") {
+        Some(i) => Some(PathBuf::from(args.get(i + 1).ok_or("--dir needs a folder")?)),
+        None => None,
+    };
+    let created = scaffold::new_plugin(name, dir.as_deref())?;
+    eprintln!("created plugin crate {}", created.display());
+    eprintln!(
+        "next: cargo xtask build, then agentctl history-chain-add {name} (or add it to [history] chain)"
+    );
+    Ok(())
+}
