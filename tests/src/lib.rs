@@ -1,1 +1,163 @@
-//! Helpers for the end-to-end tests (see `tests/*.rs`).
+//! Helpers for the end-to-end tests in `tests/tests/`: where the real built binaries and
+//! plugin libraries are, temporary configurations, running `history-host` as a subprocess
+//! and running a chain in-process through the real loader.
+//!
+//! The plugins must have been built and installed first: `cargo xtask test` does it
+//! (`cargo xtask build` + `cargo test --workspace`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use history_host::chain::stateless_context;
+use history_host::{load_chain, Call, ChainRun, PluginFailure};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The cargo target folder.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// `target/plugins`, where `cargo xtask build` installs the shipped plugins.
+pub fn plugin_dir() -> PathBuf {
+    let dir = target_dir().join("plugins");
+    assert!(
+        dir.join(format!(
+            "{}history_plugin_default{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        ))
+        .exists(),
+        "{} has no plugins: run the tests with `cargo xtask test` (or `cargo xtask build` first)",
+        dir.display()
+    );
+    dir
+}
+
+/// The `history-host` binary built by `cargo xtask build`.
+pub fn host_bin() -> PathBuf {
+    let bin = target_dir()
+        .join("debug")
+        .join(format!("history-host{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo xtask test`",
+        bin.display()
+    );
+    bin
+}
+
+/// `../shared/data/real/`: real agent conversations.
+pub fn real_data_dir() -> PathBuf {
+    workspace_root().join("../shared/data/real")
+}
+
+/// Every real conversation: (name, JSON array text). `.jsonl` files give one per line.
+pub fn real_conversations() -> Vec<(String, String)> {
+    let mut conversations = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(real_data_dir())
+        .expect("../shared/data/real")
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for path in files {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => conversations.push((name, text)),
+            Some("jsonl") => {
+                for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                    conversations.push((format!("{name}:{}", i + 1), line.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+    conversations
+}
+
+/// A configuration file in a fresh temporary folder (removed on drop).
+pub struct TestConfig {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl TestConfig {
+    /// Writes `plugins-enabled.toml` with `body`; unless `body` sets `plugin_dir`, it
+    /// points at the installed plugins (`target/plugins`).
+    pub fn new(body: &str) -> TestConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugins-enabled.toml");
+        let text = if body.contains("plugin_dir") {
+            body.to_string()
+        } else {
+            format!("plugin_dir = {:?}\n{body}", plugin_dir().display().to_string())
+        };
+        std::fs::write(&path, text).unwrap();
+        TestConfig { dir, path }
+    }
+
+    /// Runs `history-host process --config <this> ARGS…` with `stdin`.
+    pub fn process(&self, args: &[&str], stdin: &str) -> Output {
+        let mut command = Command::new(host_bin());
+        command.arg("process").arg("--config").arg(&self.path).args(args);
+        run_with_stdin(command, stdin)
+    }
+
+    /// Runs the chain in-process (real loading of the real libraries) on `history_json`
+    /// with model `model` at `turn` (default: the number of user messages).
+    pub fn run(&self, model: &str, history_json: &str, turn: Option<u64>) -> Result<ChainRun, PluginFailure> {
+        let (config, _catalog, chain) = load_chain(&self.path).unwrap_or_else(|e| panic!("{e}"));
+        let history = plugin_api::wire::history_from_str(history_json).unwrap();
+        let turn = history_host::turns::current_turn(&history, turn);
+        let ctx = stateless_context(&config, config.model(model), turn);
+        chain.run(history, &ctx, Call::Process)
+    }
+}
+
+/// Runs a command with `stdin`, collecting its output.
+pub fn run_with_stdin(mut command: Command, stdin: &str) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(stdin.as_bytes());
+    });
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    output
+}
+
+/// A history as JSON values (for comparing outputs).
+pub fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The messages of a chain run as JSON values.
+pub fn run_json(run: &ChainRun) -> serde_json::Value {
+    json(&plugin_api::wire::history_to_string(&run.history))
+}
+
+/// Stdout and stderr of a finished command, for assertion messages.
+pub fn describe(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
