@@ -155,18 +155,26 @@ fn first_mismatch(errors: &AbiInstabilityErrors) -> String {
     let Some(first) = errors.errors.iter().find(|e| !e.errs.is_empty()) else {
         return "unknown difference".into();
     };
-    let path: Vec<String> = first
-        .stack_trace
-        .iter()
-        .map(|step| match &step.expected {
-            TLFieldOrFunction::Field(field) => field.name().to_string(),
-            TLFieldOrFunction::Function(function) => function.to_string(),
-        })
-        .collect();
+    // The stack holds fields, functions and their parameters, some unnamed (`0` for a
+    // prefix, `,`-lists for parameters): keep the readable names, then the failing type.
+    let mut path: Vec<String> = Vec::new();
+    for step in first.stack_trace.iter() {
+        let name = match &step.expected {
+            TLFieldOrFunction::Field(field) => field.name(),
+            TLFieldOrFunction::Function(function) => function.name.as_str(),
+        };
+        let readable = name.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_');
+        if readable && path.last().map(String::as_str) != Some(name) {
+            path.push(name.to_string());
+        }
+    }
+    if let Some(TLFieldOrFunction::Field(field)) = first.stack_trace.last().map(|s| &s.expected) {
+        path.push(field.layout().name().to_string());
+    }
     let place = if path.is_empty() {
         "the root module".to_string()
     } else {
-        format!("field {}", path.join("."))
+        path.join(" → ")
     };
     let what = match &first.errs[0] {
         AbiInstability::FieldCountMismatch(ef) => {
