@@ -24,6 +24,12 @@ pub fn fixture_target() -> PathBuf {
 
 /// Runs `cargo build` (or `cargo ARGS`) on a manifest into the fixtures' target folder.
 pub fn cargo_in_fixture_target(manifest: &Path, args: &[&str]) {
+    // Start from the workspace's lock file: the same dependency versions, already
+    // downloaded and compiled, and no registry look-up.
+    let lock = manifest.with_file_name("Cargo.lock");
+    if !lock.exists() {
+        std::fs::copy(workspace_root().join("Cargo.lock"), &lock).unwrap();
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args(args)

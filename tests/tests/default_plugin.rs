@@ -164,3 +164,18 @@ fn a_model_switch_applies_the_new_window_at_once() {
         .unwrap();
     assert_eq!(contents(&run), ["s1", "s2", "task", "u3", "a3"]);
 }
+
+#[test]
+fn passed_through_messages_cross_the_boundary_shared_not_copied() {
+    let config = TestConfig::new("[history]\nagent_max_ctx = 100\non_plugin_error = \"fail\"\n");
+    let (loaded, _catalog, chain) = load_chain(&config.path).unwrap();
+    let ctx = stateless_context(&loaded, loaded.model("default"), 3);
+    let history = plugin_api::wire::history_from_str(CHAT).unwrap();
+    // The first run gives messages their identity and turn (as a session stores them).
+    let first = chain.run(history, &ctx, Call::Process).unwrap();
+    let second = chain.run(first.history.clone(), &ctx, Call::Process).unwrap();
+    assert_eq!(second.history.len(), first.history.len());
+    for (out, input) in second.history.iter().zip(&first.history) {
+        assert!(std::ptr::eq(&**out, &**input), "the same message, not a copy");
+    }
+}

@@ -59,3 +59,43 @@ fn new_plugin_refuses_a_name_that_is_not_an_identifier() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("is not a plugin name"));
 }
+
+#[test]
+fn panic_abort_is_refused_by_xtask_and_by_the_export_macro() {
+    let xtask = target_dir()
+        .join("debug")
+        .join(format!("xtask{}", std::env::consts::EXE_SUFFIX));
+    let output = Command::new(&xtask)
+        .arg("build")
+        .env("CARGO_PROFILE_DEV_PANIC", "abort")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("plugins must be built with panic = \"unwind\""));
+
+    // A plugin crate checked with panic = "abort" does not compile: export_plugin! refuses.
+    let crate_dir = tempfile::tempdir().unwrap();
+    let plugin = crate_dir.path().join("abort_probe");
+    let output = Command::new(&xtask)
+        .args(["new-plugin", "abort_probe", "--dir"])
+        .arg(&plugin)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["check", "--lib", "--manifest-path"])
+        .arg(plugin.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(fixture_target().join("panic-abort"))
+        .env("CARGO_PROFILE_DEV_PANIC", "abort")
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("history plugins must be built with panic = \"unwind\""),
+        "{}",
+        describe(&output)
+    );
+}
