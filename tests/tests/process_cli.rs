@@ -25,3 +25,34 @@ fn process_writes_the_resulting_history_and_explains() {
     assert!(stderr.contains("message-removed"), "{stderr}");
     assert!(stderr.contains("chain: 7 -> 5 messages"), "{stderr}");
 }
+
+#[test]
+fn the_readme_main_job_runs_on_the_shipped_config() {
+    // The README's first command: the shipped chain on the shipped example conversation.
+    let root = e2e_tests::workspace_root();
+    let mut command = std::process::Command::new(e2e_tests::host_bin());
+    command.current_dir(&root).args([
+        "process",
+        "--input",
+        "examples/swe-agent-conversation.json",
+        "--model",
+        "local-8k",
+        "--explain",
+    ]);
+    let output = e2e_tests::run_with_stdin(command, "");
+    assert!(output.status.success(), "{}", describe(&output));
+    let out = json(&String::from_utf8_lossy(&output.stdout));
+    let input = json(&std::fs::read_to_string(root.join("examples/swe-agent-conversation.json")).unwrap());
+    let (out, input) = (out.as_array().unwrap(), input.as_array().unwrap());
+    assert!(
+        out.len() < input.len(),
+        "the small model's window trims the conversation"
+    );
+    assert_eq!(out[0], input[0], "the system prompt is pinned");
+    assert_eq!(out[1], input[1], "the task is pinned");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("input: 28 messages") && stderr.contains("default"),
+        "{stderr}"
+    );
+}
