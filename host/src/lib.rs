@@ -16,6 +16,7 @@ pub mod chain;
 pub mod check;
 pub mod config;
 pub mod document;
+pub mod edit;
 pub mod loader;
 pub mod logging;
 pub mod report;
