@@ -99,7 +99,16 @@ pub fn run(file: &Path, edit: &Edit) -> Result<Outcome, Refused> {
             written: false,
         });
     }
-    validate(file, &planned.text, &catalog)?;
+    if let Err(refused) = validate(file, &planned.text, &catalog) {
+        // Say so when the file was broken before the edit and the edit does not fix it.
+        return Err(match validate(file, &source, &catalog) {
+            Ok(_) => refused,
+            Err(_) => Refused(refused.0.replace(
+                "refused: after this edit the configuration would not load:",
+                "refused: the configuration does not load, and this edit does not fix it:",
+            )),
+        });
+    }
     write_atomic(file, &planned.text, &source).map_err(Refused)?;
     Ok(Outcome {
         file: file.to_path_buf(),

@@ -17,6 +17,7 @@ pub mod check;
 pub mod config;
 pub mod document;
 pub mod edit;
+pub mod inspect;
 pub mod loader;
 pub mod logging;
 pub mod report;
