@@ -184,7 +184,7 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
                 ));
             }
             let from = in_chain(name, chain)?;
-            let array = chain_array(&mut document).ok_or_else(|| in_chain(name, &[]).unwrap_err())?;
+            let array = chain_array(&mut document).ok_or_else(|| no_chain_array(file))?;
             remove_entry(array, from);
             let mut after = chain.clone();
             after.remove(from);
@@ -205,7 +205,7 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
                     summary: format!("\"{name}\" is already at position {to}: {}", chain.join(", ")),
                 });
             }
-            let array = chain_array(&mut document).ok_or_else(|| in_chain(name, &[]).unwrap_err())?;
+            let array = chain_array(&mut document).ok_or_else(|| no_chain_array(file))?;
             let layout = Layout::of(array);
             let comment = remove_entry(array, from);
             insert_entry(array, *to, name, &comment, &layout, newline);
@@ -251,6 +251,13 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
         summary
     };
     Ok(Planned { text, summary })
+}
+
+fn no_chain_array(file: &Path) -> Refused {
+    Refused(format!(
+        "{}: [history] chain is not an array agentctl can edit; edit it by hand",
+        file.display()
+    ))
 }
 
 fn check_name(name: &str) -> Result<(), Refused> {

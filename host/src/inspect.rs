@@ -253,6 +253,15 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
         .map(|s| s.version.as_deref().unwrap_or("-").len())
         .max()
         .unwrap_or(0);
+    let file_name = |status: &LibraryStatus| {
+        status
+            .file
+            .as_ref()
+            .and_then(|f| f.file_name())
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_else(|| "(no library)".to_string())
+    };
+    let file_width = statuses.iter().map(|s| file_name(s).len()).max().unwrap_or(0);
     for status in statuses {
         let enabled = match status.position {
             Some(p) => format!("enabled (position {p})"),
@@ -266,17 +275,12 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
                 status.reason.as_deref().unwrap_or("unknown reason")
             )
         };
-        let file = status
-            .file
-            .as_ref()
-            .and_then(|f| f.file_name())
-            .map(|f| f.to_string_lossy().to_string())
-            .unwrap_or_else(|| "(no library)".to_string());
         let _ = writeln!(
             text,
-            "{:<name_width$}  {:<version_width$}  {file}  {loads}; {enabled}",
+            "{:<name_width$}  {:<version_width$}  {:<file_width$}  {loads}; {enabled}",
             status.name,
             status.version.as_deref().unwrap_or("-"),
+            file_name(status),
         );
     }
     let json = json!({

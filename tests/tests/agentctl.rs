@@ -657,3 +657,78 @@ fn edits_print_what_they_did_as_json() {
     assert_eq!(value["summary"], "agent_max_ctx: 200 -> 120");
     assert_eq!(value["written"], true);
 }
+
+#[test]
+fn a_plugin_whose_library_is_gone_can_still_be_removed() {
+    let op = Operator::new(&OPERATOR.replace("\"fixture_a\",   # the a", "\"fixture_z\",   # uninstalled"));
+    // Any other edit leaves the configuration broken, and says it was broken before.
+    op.refused(
+        &["max-users", "5"],
+        "refused: the configuration does not load, and this edit does not fix it: ",
+    );
+    op.refused(
+        &["max-users", "5"],
+        "plugin \"fixture_z\" in the chain is not available",
+    );
+    let text = op.edit(&["history-chain-remove", "fixture_z"]);
+    assert_eq!(text, op.expected("    \"fixture_z\",   # uninstalled\n", ""));
+}
+
+#[cfg(unix)]
+#[test]
+fn a_symlinked_config_stays_a_symlink_and_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let op = Operator::new(OPERATOR);
+    std::fs::set_permissions(&op.path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link_dir = tempfile::tempdir().unwrap();
+    let link = link_dir.path().join("plugins-enabled.toml");
+    std::os::unix::fs::symlink(&op.path, &link).unwrap();
+
+    let output = agentctl(&link, &["max-users", "7"], &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(op.text(), op.expected("max_users=50", "max_users=7"));
+    let mode = std::fs::metadata(&op.path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    assert_eq!(temporaries(op.path.parent().unwrap()), Vec::<String>::new());
+}
+
+#[test]
+fn plugins_shows_two_libraries_exporting_one_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for (from, to) in [
+        ("default", "default"),
+        ("fixture_a", "fixture_a"),
+        ("fixture_a", "fixture_copy"),
+    ] {
+        std::fs::copy(
+            fixture_plugins().join(library_file(from)),
+            dir.path().join(library_file(to)),
+        )
+        .unwrap();
+    }
+    let op = Operator::new(&OPERATOR.replace("@DIR@", &dir.path().display().to_string()));
+    let output = op.run(&["plugins", "--json"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let value = json(&String::from_utf8_lossy(&output.stdout));
+    let clashing: Vec<&serde_json::Value> = value["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["name"] == "fixture_a")
+        .collect();
+    assert_eq!(clashing.len(), 2, "{value}");
+    for plugin in clashing {
+        assert_eq!(plugin["loads"], false);
+        let reason = plugin["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("two libraries export the name \"fixture_a\""),
+            "{reason}"
+        );
+    }
+    // The edit commands refuse as the host would: discovery itself fails.
+    op.refused(
+        &["max-users", "5"],
+        "two plugin libraries export the name \"fixture_a\"",
+    );
+}
