@@ -52,7 +52,7 @@ enum Command {
         #[arg(value_name = "POS", allow_hyphen_values = true)]
         position: String,
     },
-    /// Set [history] agent_max_ctx, the agent-wide window ceiling in messages (N ≥ 1).
+    /// Set `[history] agent_max_ctx`, the agent-wide window ceiling in messages (N ≥ 1).
     HistoryMaxctx {
         #[arg(value_name = "N", allow_hyphen_values = true)]
         n: String,
