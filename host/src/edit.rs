@@ -401,6 +401,8 @@ struct Layout {
     indent: String,
     /// What separates entries on one line (after the comma).
     separator: String,
+    /// The entries are 'literal strings'.
+    literal: bool,
 }
 
 fn raw(text: Option<&RawString>) -> String {
@@ -456,10 +458,18 @@ impl Layout {
             .find(|p| !p.contains('\n'))
             .cloned()
             .unwrap_or_else(|| " ".to_string());
+        let literal = match array.get(0) {
+            Some(Value::String(s)) => s
+                .as_repr()
+                .and_then(|r| r.as_raw().as_str())
+                .is_some_and(|raw| raw.starts_with('\'')),
+            _ => false,
+        };
         Layout {
             multiline,
             indent,
             separator,
+            literal,
         }
     }
 }
@@ -501,7 +511,12 @@ fn after_comment(comment: &str, rest: &str, newline: &str, indent: &str) -> Stri
 /// Inserts `name` at `index` (≥ 1) in the chain array, laid out like its neighbours;
 /// `comment` is a same-line comment that travels with a moved entry.
 fn insert_entry(array: &mut Array, index: usize, name: &str, comment: &str, layout: &Layout, newline: &str) {
-    let mut value = Value::from(name);
+    // Quoted like the other entries: 'literal' or "basic" (names need no escaping).
+    let mut value = if layout.literal {
+        format!("'{name}'").parse().unwrap_or_else(|_| Value::from(name))
+    } else {
+        Value::from(name)
+    };
     if index < array.len() {
         // The entry now at `index` gives up the start of its gap: the comment trailing the
         // entry before stays on that entry's line; the new entry gets its own line.
@@ -929,6 +944,26 @@ mod tests {
             broken.starts_with("/etc/h/plugins-enabled.toml:1: not valid TOML"),
             "{broken}"
         );
+    }
+
+    #[test]
+    fn literal_strings_and_dotted_keys_keep_their_style() {
+        let s = "[history]\nchain = ['default', 'a']\n";
+        assert_eq!(add(s, "b", Some(1)), "[history]\nchain = ['default', 'b', 'a']\n");
+        let dotted = "history.chain = [\"default\"]\nhistory.agent_max_ctx = 5 # dotted\n";
+        assert_eq!(
+            add(dotted, "b", None),
+            "history.chain = [\"default\", \"b\"]\nhistory.agent_max_ctx = 5 # dotted\n"
+        );
+        assert_eq!(
+            edit(dotted, Edit::MaxCtx(7)).unwrap(),
+            "history.chain = [\"default\"]\nhistory.agent_max_ctx = 7 # dotted\n"
+        );
+        assert_eq!(
+            edit("history.chain = [\"default\"]\n", Edit::MaxCtx(7)).unwrap(),
+            "history.chain = [\"default\"]\nhistory.agent_max_ctx = 7\n"
+        );
+        assert_eq!(edit("", Edit::MaxUsers(3)).unwrap(), "max_users = 3\n");
     }
 
     #[test]

@@ -41,8 +41,8 @@ pub fn init_cli_logging() {
     init_cli_logging_at("info");
 }
 
-/// [`init_cli_logging`] with another default filter (`agentctl` shows warnings only: its
-/// reports are its output).
+/// [`init_cli_logging`] with another default filter (`agentctl` shows errors only: its
+/// reports and its one-line refusals are its output).
 pub fn init_cli_logging_at(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));

@@ -368,6 +368,7 @@ fn refusals_leave_the_file_untouched() {
         &["session-timeout", "-5"],
         "session-timeout MINUTES must be a whole number, got \"-5\"",
     );
+    assert_eq!(temporaries(op.path.parent().unwrap()), Vec::<String>::new());
 }
 
 #[test]
@@ -581,6 +582,11 @@ fn plugins_lists_every_library_with_whether_it_loads_and_is_enabled() {
     assert!(
         broken["reason"].as_str().unwrap().contains("cannot open it"),
         "{broken}"
+    );
+
+    op.refused(
+        &["history-chain-add", "broken"],
+        "plugin \"broken\" cannot be loaded: refused plugin library",
     );
 }
 

@@ -88,7 +88,7 @@ fn main() -> ExitCode {
             .unwrap_or_default();
         eprintln!("agentctl: internal error: {message}");
     }));
-    logging::init_cli_logging_at("warn");
+    logging::init_cli_logging_at("error");
     let cli = Cli::parse();
     let json = cli.json;
     let result = match cli.command {
