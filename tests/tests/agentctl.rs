@@ -30,13 +30,18 @@ fn run_ok(command: &mut Command) {
     assert!(output.status.success(), "{command:?}\n{}", describe(&output));
 }
 
+/// Where the fixture plugins are built.
+fn fixture_build() -> PathBuf {
+    target_dir().join("fixture-build").join("debug")
+}
+
 /// A plugin folder with `default`, `fixture_a` and `fixture_b` (scaffolded plugins that
-/// pass the history through and log `fixture_a: N messages at turn T`).
+/// pass the history through and log `fixture_a: N messages at turn T`). `fixture_fault`,
+/// whose `process` always fails, is built too (see [`fixture_build`]) but not installed here.
 fn fixture_plugins() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let root = target_dir().join("agentctl-fixtures");
-        let build = target_dir().join("fixture-build");
         let plugins = root.join("plugins");
         let _ = std::fs::remove_dir_all(&plugins);
         std::fs::create_dir_all(&plugins).unwrap();
@@ -45,7 +50,7 @@ fn fixture_plugins() -> &'static Path {
             plugins.join(library_file("default")),
         )
         .unwrap();
-        for name in ["fixture_a", "fixture_b"] {
+        for name in ["fixture_a", "fixture_b", "fixture_fault"] {
             let source = root.join("src").join(name);
             let _ = std::fs::remove_dir_all(&source);
             run_ok(
@@ -54,6 +59,18 @@ fn fixture_plugins() -> &'static Path {
                     .args(["xtask", "new-plugin", name, "--dir"])
                     .arg(&source),
             );
+            if name == "fixture_fault" {
+                let lib = source.join("src/lib.rs");
+                let code = std::fs::read_to_string(&lib).unwrap();
+                let passthrough = "Ok(Output::unchanged(history))";
+                assert!(
+                    code.contains(passthrough),
+                    "the scaffold changed: {}",
+                    lib.display()
+                );
+                let failing = "Err(format!(\"fixture_fault refuses {} messages\", history.len()))";
+                std::fs::write(&lib, code.replace(passthrough, failing)).unwrap();
+            }
             // The workspace's lock file: the same dependency versions, no resolution.
             std::fs::copy(workspace_root().join("Cargo.lock"), source.join("Cargo.lock")).unwrap();
             run_ok(
@@ -61,13 +78,15 @@ fn fixture_plugins() -> &'static Path {
                     .args(["build", "--quiet", "--manifest-path"])
                     .arg(source.join("Cargo.toml"))
                     .arg("--target-dir")
-                    .arg(&build),
+                    .arg(target_dir().join("fixture-build")),
             );
-            std::fs::copy(
-                build.join("debug").join(library_file(name)),
-                plugins.join(library_file(name)),
-            )
-            .unwrap();
+            if name != "fixture_fault" {
+                std::fs::copy(
+                    fixture_build().join(library_file(name)),
+                    plugins.join(library_file(name)),
+                )
+                .unwrap();
+            }
         }
         plugins
     })
@@ -736,5 +755,50 @@ fn plugins_shows_two_libraries_exporting_one_name() {
     op.refused(
         &["max-users", "5"],
         "two plugin libraries export the name \"fixture_a\"",
+    );
+}
+
+#[test]
+fn check_reports_a_plugin_that_faults_on_the_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture_plugins().join(library_file("default")),
+        dir.path().join(library_file("default")),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixture_build().join(library_file("fixture_fault")),
+        dir.path().join(library_file("fixture_fault")),
+    )
+    .unwrap();
+    let text = OPERATOR
+        .replace("@DIR@", &dir.path().display().to_string())
+        .replace("\"fixture_a\",   # the a", "\"fixture_fault\",")
+        .replace("on_plugin_error = 'skip'", "on_plugin_error = 'fail'");
+    let op = Operator::new(&text);
+    let output = op.run(&["check"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // The plugin loads and its config is fine; it is its run that fails, on every model.
+    assert!(
+        stdout.contains("plugin fixture_fault 0.1.0 (position 1): loads, config ok"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  default        6 -> 6 messages  ok"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  fixture_fault  6 -> 6 messages  FAULT: fixture_fault refuses 6 messages"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("check: FAILED (2 problem(s))"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "check failed: plugin \"fixture_fault\" faulted on the sample history (model local-8k)"
+        ),
+        "{stderr}"
     );
 }
