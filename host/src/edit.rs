@@ -137,7 +137,7 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
     let mut document: DocumentMut = source
         .parse()
         .map_err(|err| Refused(format!("{}: not valid TOML: {err}", file.display())))?;
-    // toml_edit writes `\n` line endings; a CRLF file gets its own back at the end.
+    // toml_edit writes `\n` line endings; [`keep_untouched_lines`] gives the file its own back.
     let newline = "\n";
     let chain = &config.chain;
     let summary = match edit {
@@ -240,17 +240,119 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
             )
         }
     };
-    let mut text = document.to_string();
-    let crlf = source.contains("\r\n") && source.matches('\n').count() == source.matches("\r\n").count();
-    if crlf && !text.contains("\r\n") {
-        text = text.replace('\n', "\r\n");
-    }
+    let text = keep_untouched_lines(source, &document.to_string());
     let summary = if text == source {
         format!("{summary} (the file already says so; unchanged)")
     } else {
         summary
     };
     Ok(Planned { text, summary })
+}
+
+/// The edited text with every line the edit did not touch exactly as in `source`.
+///
+/// toml_edit keeps a document's text except for a few normalizations: it writes `\n`
+/// line endings, drops a byte-order mark and ends the file with a line ending. So the
+/// lines of the edited text that are unchanged from toml_edit's rendering of the original
+/// (matched by a line diff) are written as the original's own lines, and new or changed
+/// lines take the file's usual line ending.
+fn keep_untouched_lines(source: &str, edited: &str) -> String {
+    const BOM: char = '\u{feff}';
+    let (bom, body) = match source.strip_prefix(BOM) {
+        Some(body) => (BOM.to_string(), body),
+        None => (String::new(), source),
+    };
+    let Ok(original) = body.parse::<DocumentMut>() else {
+        return edited.to_string();
+    };
+    let rendered = original.to_string();
+    let bare = |line: &str| -> String {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        line.strip_suffix('\r').unwrap_or(line).to_string()
+    };
+    let src: Vec<&str> = body.split_inclusive('\n').collect();
+    let old: Vec<&str> = rendered.split_inclusive('\n').collect();
+    let new: Vec<&str> = edited.split_inclusive('\n').collect();
+    if src.len() != old.len() || src.iter().zip(&old).any(|(s, o)| bare(s) != bare(o)) {
+        // Not a line-for-line rendering: keep toml_edit's text as it is.
+        return format!("{bom}{edited}");
+    }
+    let crlf_lines = src.iter().filter(|l| l.ends_with("\r\n")).count();
+    let newline = if crlf_lines * 2 > src.iter().filter(|l| l.ends_with('\n')).count() {
+        "\r\n"
+    } else {
+        "\n"
+    };
+
+    // Unchanged lines: the common start and end, then a longest common subsequence of
+    // the (small) middle.
+    let mut start = 0;
+    while start < old.len() && start < new.len() && old[start] == new[start] {
+        start += 1;
+    }
+    let mut end = 0;
+    while end < old.len() - start
+        && end < new.len() - start
+        && old[old.len() - 1 - end] == new[new.len() - 1 - end]
+    {
+        end += 1;
+    }
+    let (old_mid, new_mid) = (&old[start..old.len() - end], &new[start..new.len() - end]);
+    let mut lcs = vec![vec![0usize; new_mid.len() + 1]; old_mid.len() + 1];
+    for i in (0..old_mid.len()).rev() {
+        for j in (0..new_mid.len()).rev() {
+            lcs[i][j] = if old_mid[i] == new_mid[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let mut origin: Vec<Option<usize>> = (0..start).map(Some).collect();
+    let (mut i, mut j) = (0, 0);
+    while j < new_mid.len() {
+        if i < old_mid.len() && old_mid[i] == new_mid[j] {
+            origin.push(Some(start + i));
+            i += 1;
+            j += 1;
+        } else if i < old_mid.len() && lcs[i + 1][j] >= lcs[i][j + 1] {
+            i += 1;
+        } else {
+            origin.push(None);
+            j += 1;
+        }
+    }
+    origin.extend((old.len() - end..old.len()).map(Some));
+
+    let mut out = bom;
+    let mut unterminated = false;
+    for (line, origin) in new.iter().zip(origin) {
+        if unterminated {
+            // The original's last line had no line ending and is no longer last.
+            out.push_str(newline);
+        }
+        unterminated = false;
+        match origin {
+            Some(k) => {
+                out.push_str(src[k]);
+                unterminated = !src[k].ends_with('\n');
+            }
+            None => match line.strip_suffix('\n') {
+                Some(content) => {
+                    out.push_str(content.strip_suffix('\r').unwrap_or(content));
+                    out.push_str(newline);
+                }
+                None => out.push_str(line),
+            },
+        }
+    }
+    if !body.is_empty() && !body.ends_with('\n') {
+        let trimmed = out.strip_suffix('\n').map(|o| o.strip_suffix('\r').unwrap_or(o));
+        if let Some(trimmed) = trimmed {
+            out.truncate(trimmed.len());
+        }
+    }
+    out
 }
 
 fn no_chain_array(file: &Path) -> Refused {
@@ -964,6 +1066,34 @@ mod tests {
             "history.chain = [\"default\"]\nhistory.agent_max_ctx = 7\n"
         );
         assert_eq!(edit("", Edit::MaxUsers(3)).unwrap(), "max_users = 3\n");
+    }
+
+    #[test]
+    fn untouched_lines_keep_their_bytes() {
+        // A byte-order mark, mixed line endings, a multi-line string with a CRLF inside.
+        let s = "\u{feff}# c\r\nmax_users = 5\nx_note = 1\r\n";
+        let s = s.replace("x_note = 1", "session_idle_timeout_minutes = 1");
+        assert_eq!(
+            edit(&s, Edit::MaxUsers(7)).unwrap(),
+            "\u{feff}# c\r\nmax_users = 7\r\nsession_idle_timeout_minutes = 1\r\n"
+        );
+        let s = "[plugin.default]\r\nnote = \"\"\"\nmulti\r\nline\"\"\"\r\n";
+        assert_eq!(
+            edit(s, Edit::MaxUsers(7)).unwrap(),
+            "max_users = 7\r\n[plugin.default]\r\nnote = \"\"\"\nmulti\r\nline\"\"\"\r\n"
+        );
+        // No line ending at the end of the file: still none, even after an appended key.
+        assert_eq!(
+            edit("[history]\nagent_max_ctx = 5", Edit::MaxCtx(6)).unwrap(),
+            "[history]\nagent_max_ctx = 6"
+        );
+        assert_eq!(
+            edit("max_users = 5", Edit::SessionTimeout(3)).unwrap(),
+            "max_users = 5\nsession_idle_timeout_minutes = 3"
+        );
+        // A no-op is byte-identical whatever the normalizations.
+        let s = "\u{feff}max_users = 5\r\n[history]\nagent_max_ctx = 9";
+        assert_eq!(edit(s, Edit::MaxCtx(9)).unwrap(), s);
     }
 
     #[test]
