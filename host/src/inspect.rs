@@ -40,6 +40,7 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
     };
     let mut text = String::new();
     let _ = writeln!(text, "config: {}", config.file.display());
+    let _ = writeln!(text, "plugin_dir: {}", config.plugin_dir.display());
     let _ = writeln!(text, "chain:");
     let width = config.chain.iter().map(String::len).max().unwrap_or(0);
     let mut chain_json = Vec::new();

@@ -802,3 +802,36 @@ fn check_reports_a_plugin_that_faults_on_the_sample() {
         "{stderr}"
     );
 }
+
+#[test]
+fn edits_of_the_shipped_configuration_touch_only_their_line() {
+    let shipped = std::fs::read_to_string(workspace_root().join("plugins-enabled.toml")).unwrap();
+    let dir_line = "plugin_dir = \"target/plugins\"\n";
+    assert!(shipped.contains(dir_line), "the shipped file changed");
+    let op = Operator::new(&shipped.replace(dir_line, "plugin_dir = \"@DIR@\"\n"));
+    let text = op.edit(&["history-chain-add", "fixture_a"]);
+    assert_eq!(
+        text,
+        op.expected(
+            "chain = [\"default\"]\n",
+            "chain = [\"default\", \"fixture_a\"]\n"
+        )
+    );
+    let text = op.edit(&["history-chain-add", "fixture_b", "--at", "1"]);
+    assert_eq!(
+        text,
+        op.expected(
+            "chain = [\"default\"]\n",
+            "chain = [\"default\", \"fixture_b\", \"fixture_a\"]\n"
+        )
+    );
+    op.edit(&["history-chain-move", "fixture_b", "2"]);
+    op.edit(&["history-chain-remove", "fixture_a"]);
+    let text = op.edit(&["history-chain-remove", "fixture_b"]);
+    assert_eq!(text, op.original, "adding and removing gives back the file");
+    let text = op.edit(&["history-maxctx", "300"]);
+    assert_eq!(
+        text,
+        op.expected("agent_max_ctx = 200\n", "agent_max_ctx = 300\n")
+    );
+}
