@@ -1097,6 +1097,26 @@ mod tests {
     }
 
     #[test]
+    fn write_atomic_replaces_the_file_and_refuses_a_file_changed_meanwhile() {
+        let dir = std::env::temp_dir().join(format!("agentctl-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("plugins-enabled.toml");
+        std::fs::write(&file, "max_users = 1\n").unwrap();
+        write_atomic(&file, "max_users = 2\n", "max_users = 1\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "max_users = 2\n");
+        // Someone else wrote the file after agentctl read it: nothing is written.
+        let err = write_atomic(&file, "max_users = 3\n", "max_users = 1\n").unwrap_err();
+        assert!(err.contains("changed while agentctl was editing it"), "{err}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "max_users = 2\n");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("plugins-enabled.toml")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn moving_to_the_current_position_changes_nothing() {
         let s = "[history]\nchain = [ \"default\" ,  \"a\" ]\n";
         assert_eq!(move_to(s, "a", 1), s);
