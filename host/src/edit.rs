@@ -82,6 +82,8 @@ pub struct Outcome {
 /// Reads `file`, applies `edit`, validates the result as the host would load it, and
 /// writes it atomically. Any refusal leaves the file as it was.
 pub fn run(file: &Path, edit: &Edit) -> Result<Outcome, Refused> {
+    // One agentctl edits a file at a time: no edit is lost to another's read-modify-write.
+    let _lock = EditLock::acquire(file)?;
     let source = std::fs::read_to_string(file).map_err(|err| {
         Refused(format!(
             "cannot read {}: {err} (point --config at your plugins-enabled.toml)",
@@ -727,16 +729,7 @@ fn remove_entry(array: &mut Array, index: usize) -> String {
 /// crash at any point leaves either the old file or the new one, whole. `original` is
 /// the text the edit was made from: if the file changed meanwhile, nothing is written.
 pub fn write_atomic(file: &Path, text: &str, original: &str) -> Result<(), String> {
-    // Write where the file really is, so a symlinked configuration stays a symlink.
-    let target = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-    let folder = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_else(|| "plugins-enabled.toml".to_string());
+    let (target, folder, file_name) = location(file);
     remove_stale_temporaries(&folder, &file_name);
     let temporary = folder.join(format!(".{file_name}.agentctl-{}.tmp", std::process::id()));
     let cannot = |what: &str, err: std::io::Error| {
@@ -795,6 +788,98 @@ pub fn write_atomic(file: &Path, text: &str, original: &str) -> Result<(), Strin
     Ok(())
 }
 
+/// Where `file` really is (a symlink resolved, so a symlinked configuration stays a
+/// symlink): the file, its folder and its name.
+fn location(file: &Path) -> (PathBuf, PathBuf, String) {
+    let target = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let folder = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "plugins-enabled.toml".to_string());
+    (target, folder, file_name)
+}
+
+/// Whether the agentctl process `pid` that made `path` is gone: by `/proc` where there
+/// is one, otherwise by the file's age.
+fn holder_is_gone(pid: Option<u32>, path: &Path, max_age_secs: u64) -> bool {
+    let proc = Path::new("/proc");
+    match pid {
+        Some(pid) if proc.join("self").exists() => !proc.join(pid.to_string()).exists(),
+        _ => std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > max_age_secs),
+    }
+}
+
+/// The claim of one agentctl on editing a configuration: `.NAME.agentctl.lock` beside it,
+/// holding the process id, created exclusively and removed when dropped. A lock left by
+/// a process that no longer runs is taken over.
+struct EditLock {
+    path: PathBuf,
+}
+
+impl EditLock {
+    fn acquire(file: &Path) -> Result<EditLock, Refused> {
+        let (_, folder, file_name) = location(file);
+        let path = folder.join(format!(".{file_name}.agentctl.lock"));
+        for _ in 0..3 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut lock) => {
+                    let _ = write!(lock, "{}", std::process::id());
+                    return Ok(EditLock { path });
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<u32>().ok());
+                    if holder_is_gone(holder, &path, 60) {
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    let who = holder.map_or_else(
+                        || "another agentctl".to_string(),
+                        |pid| format!("agentctl (pid {pid})"),
+                    );
+                    return Err(Refused(format!(
+                        "{who} is editing {} right now; run the command again when it is done (if no agentctl runs, remove {})",
+                        file.display(),
+                        path.display()
+                    )));
+                }
+                // A folder agentctl cannot write to: the write would fail the same way.
+                Err(err) => {
+                    return Err(Refused(format!(
+                        "cannot create {}: {err}; {} is unchanged",
+                        path.display(),
+                        file.display()
+                    )))
+                }
+            }
+        }
+        Err(Refused(format!(
+            "cannot take the edit lock {}; {} is unchanged",
+            path.display(),
+            file.display()
+        )))
+    }
+}
+
+impl Drop for EditLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Removes temporary files an interrupted agentctl left beside the configuration: those
 /// of processes that no longer run (or, where that cannot be told, older than an hour).
 fn remove_stale_temporaries(folder: &Path, file_name: &str) {
@@ -814,18 +899,7 @@ fn remove_stale_temporaries(folder: &Path, file_name: &str) {
         if pid == std::process::id() {
             continue;
         }
-        let proc = Path::new("/proc");
-        let stale = if proc.join("self").exists() {
-            !proc.join(pid.to_string()).exists()
-        } else {
-            entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age.as_secs() > 3600)
-        };
-        if stale {
+        if holder_is_gone(Some(pid), &entry.path(), 3600) {
             let _ = std::fs::remove_file(entry.path());
         }
     }

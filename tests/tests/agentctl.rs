@@ -468,12 +468,15 @@ fn a_plugin_added_with_agentctl_runs_in_history_host_process() {
     assert!(!String::from_utf8_lossy(&removed.stderr).contains("fixture_b: "));
 }
 
+/// agentctl's own files beside a configuration: temporary files and the edit lock.
 fn temporaries(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains(".agentctl-"))
-        .collect()
+        .filter(|n| n.contains(".agentctl"))
+        .collect();
+    names.sort();
+    names
 }
 
 #[test]
@@ -487,10 +490,18 @@ fn an_edit_interrupted_before_the_rename_leaves_the_original() {
     );
     assert_eq!(output.status.code(), Some(70), "{}", describe(&output));
     assert_eq!(std::fs::read(&op.path).unwrap(), op.original.as_bytes());
-    // The crash left its temporary file, whole, beside the configuration.
+    // The crash left its lock and its temporary file, whole, beside the configuration.
     let left = temporaries(&folder);
-    assert_eq!(left.len(), 1, "{left:?}");
-    let temporary = std::fs::read_to_string(folder.join(&left[0])).unwrap();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        left.contains(&".plugins-enabled.toml.agentctl.lock".to_string()),
+        "{left:?}"
+    );
+    let temporary = left
+        .iter()
+        .find(|n| n.ends_with(".tmp"))
+        .expect("a temporary file");
+    let temporary = std::fs::read_to_string(folder.join(temporary)).unwrap();
     assert!(temporary.contains("\"fixture_b\""), "{temporary}");
 
     // The host still loads the untouched file; the next edit works and cleans up.
@@ -834,4 +845,33 @@ fn edits_of_the_shipped_configuration_touch_only_their_line() {
         text,
         op.expected("agent_max_ctx = 200\n", "agent_max_ctx = 300\n")
     );
+}
+
+#[test]
+fn an_edit_is_refused_while_another_agentctl_edits() {
+    let op = Operator::new(OPERATOR);
+    let lock = op
+        .path
+        .parent()
+        .unwrap()
+        .join(".plugins-enabled.toml.agentctl.lock");
+    // A running process holds the lock (this test's own process stands in for it).
+    std::fs::write(&lock, std::process::id().to_string()).unwrap();
+    op.refused(
+        &["max-users", "5"],
+        &format!("agentctl (pid {}) is editing", std::process::id()),
+    );
+    assert!(lock.exists(), "someone else's lock is left alone");
+
+    // A lock whose process is gone is taken over, and removed after the edit.
+    let mut finished = Command::new(e2e_tests::agentctl_bin())
+        .arg("--version")
+        .spawn()
+        .unwrap();
+    let gone = finished.id();
+    finished.wait().unwrap();
+    std::fs::write(&lock, gone.to_string()).unwrap();
+    let text = op.edit(&["max-users", "5"]);
+    assert_eq!(text, op.expected("max_users=50", "max_users=5"));
+    assert!(!lock.exists());
 }
