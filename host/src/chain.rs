@@ -9,7 +9,7 @@ use plugin_api::{
 
 use crate::check::{check_output, is_passthrough};
 use crate::config::{Config, ConfigError, OnPluginError};
-use crate::loader::Catalog;
+use crate::loader::{Catalog, PluginLibrary};
 use crate::{logging, tokens, turns};
 
 /// One loaded plugin instance in the chain.
@@ -249,20 +249,26 @@ fn instantiate(config: &Config, catalog: &Catalog, name: &str) -> Result<Option<
     let Some(library) = catalog.plugins.get(name) else {
         return Ok(None);
     };
+    instantiate_library(config, library).map(Some)
+}
+
+/// Builds an instance of `library` with its `[plugin.NAME]` table, the plugin validating
+/// it (what `agentctl plugins` and `check` report per plugin). The error names the table,
+/// the key and its line.
+pub fn instantiate_library(config: &Config, library: &PluginLibrary) -> Result<PluginBox, ConfigError> {
+    let name = library.name.as_str();
     let load = load_context(config, name);
-    logging::with_plugin(name, || library.instantiate(&load))
-        .map(Some)
-        .map_err(|err| {
-            let line = config
-                .plugin_key_line(name, &err.key)
-                .or_else(|| config.history_key_line("chain"));
-            let place = if err.key.is_empty() {
-                format!("[plugin.{name}]")
-            } else {
-                format!("[plugin.{name}] {}", err.key)
-            };
-            config.error(line, format!("{place}: {}", err.message))
-        })
+    logging::with_plugin(name, || library.instantiate(&load)).map_err(|err| {
+        let line = config
+            .plugin_key_line(name, &err.key)
+            .or_else(|| config.history_key_line("chain"));
+        let place = if err.key.is_empty() {
+            format!("[plugin.{name}]")
+        } else {
+            format!("[plugin.{name}] {}", err.key)
+        };
+        config.error(line, format!("{place}: {}", err.message))
+    })
 }
 
 fn available(catalog: &Catalog) -> String {

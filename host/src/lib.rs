@@ -8,7 +8,10 @@
 //! - [`tokens`]: the tokenizers offered to plugins, with per-message caching;
 //! - [`document`]: the input document of `process`;
 //! - [`report`]: the summary log line and `--explain`;
-//! - [`logging`]: the plugin log callback and the CLI's log output.
+//! - [`logging`]: the plugin log callback and the CLI's log output;
+//! - [`edit`]: `agentctl`'s edits of the configuration, validated by the host's own rules
+//!   and written atomically;
+//! - [`inspect`]: `agentctl`'s reports (`history-list`, `plugins`, `check`).
 //!
 //! See `ARCHITECTURE.md` at the workspace root for how a turn flows through these.
 
@@ -16,6 +19,8 @@ pub mod chain;
 pub mod check;
 pub mod config;
 pub mod document;
+pub mod edit;
+pub mod inspect;
 pub mod loader;
 pub mod logging;
 pub mod report;

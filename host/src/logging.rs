@@ -38,8 +38,14 @@ pub fn logger() -> Logger {
 /// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter
 /// (`tracing_subscriber::EnvFilter` syntax, default `info`).
 pub fn init_cli_logging() {
+    init_cli_logging_at("info");
+}
+
+/// [`init_cli_logging`] with another default filter (`agentctl` shows errors only: its
+/// reports and its one-line refusals are its output).
+pub fn init_cli_logging_at(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -58,6 +58,34 @@ pub fn host_bin() -> PathBuf {
     bin
 }
 
+/// The `agentctl` binary built by `cargo xtask build` (a second binary of history-host).
+pub fn agentctl_bin() -> PathBuf {
+    let bin = target_dir()
+        .join("debug")
+        .join(format!("agentctl{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo xtask test`",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `agentctl --config CONFIG ARGS…` with `envs` set, collecting its output.
+pub fn agentctl(config: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(agentctl_bin());
+    command
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("AGENTCTL_FAULT")
+        .env_remove("HISTORY_LOG");
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    run_with_stdin(command, "")
+}
+
 /// `../shared/data/real/`: real agent conversations.
 pub fn real_data_dir() -> PathBuf {
     workspace_root().join("../shared/data/real")

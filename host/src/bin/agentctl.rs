@@ -1,0 +1,204 @@
+//! `agentctl`: shows and edits `plugins-enabled.toml` (SPEC §6.2).
+//!
+//! Edits keep the operator's comments and layout, are validated by the host's own rules
+//! (the same parser, the plugins' own config validation) before anything is written, and
+//! are written atomically. Exit status: 0 done (or all is well, for `check`); 1 refused,
+//! or `check` found a problem, with one line on stderr saying what and why, the file
+//! untouched; 2 a usage error.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use history_host::edit::{self, Edit};
+use history_host::loader::Catalog;
+use history_host::{inspect, logging, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "agentctl",
+    version,
+    about = "Shows and edits the history plugin chain configuration (plugins-enabled.toml)",
+    after_help = "Positions count from 0, and 0 is default's: `history-chain-move foo 1` puts foo right after default."
+)]
+struct Cli {
+    /// The chain configuration to show or edit.
+    #[arg(long, global = true, default_value = "plugins-enabled.toml")]
+    config: PathBuf,
+    /// Print the result as JSON (history-list, plugins, check; an edit prints what it did).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the chain, agent_max_ctx, max_users, the idle timeout, the models and the
+    /// available plugins.
+    HistoryList,
+    /// Append an available plugin to the chain (or insert it at --at POS).
+    HistoryChainAdd {
+        name: String,
+        /// Position in the resulting chain: 1 is right after default.
+        #[arg(long, value_name = "POS", allow_hyphen_values = true)]
+        at: Option<String>,
+    },
+    /// Remove a plugin from the chain.
+    HistoryChainRemove { name: String },
+    /// Move a plugin of the chain to position POS (1 is right after default).
+    HistoryChainMove {
+        name: String,
+        #[arg(value_name = "POS", allow_hyphen_values = true)]
+        position: String,
+    },
+    /// Set `[history] agent_max_ctx`, the agent-wide window ceiling in messages (N ≥ 1).
+    HistoryMaxctx {
+        #[arg(value_name = "N", allow_hyphen_values = true)]
+        n: String,
+    },
+    /// Set max_users, the most simultaneous sessions (N ≥ 1).
+    MaxUsers {
+        #[arg(value_name = "N", allow_hyphen_values = true)]
+        n: String,
+    },
+    /// Set session_idle_timeout_minutes (0 = never reap idle sessions).
+    SessionTimeout {
+        #[arg(value_name = "MINUTES", allow_hyphen_values = true)]
+        minutes: String,
+    },
+    /// Every plugin library in plugin_dir: name, version, file, whether it loads, whether
+    /// it is enabled.
+    Plugins,
+    /// Load the chain, validate every plugin's config, run the chain on a sample history.
+    Check,
+}
+
+/// A failure: one line for stderr.
+struct Failure(String);
+
+fn main() -> ExitCode {
+    // A bug must still end in one line, never a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("agentctl: internal error: {message}");
+    }));
+    logging::init_cli_logging_at("error");
+    let cli = Cli::parse();
+    let json = cli.json;
+    let result = match cli.command {
+        Command::HistoryList => history_list(&cli.config, json),
+        Command::Plugins => plugins(&cli.config, json),
+        Command::Check => check(&cli.config, json),
+        Command::HistoryChainAdd { name, at } => at
+            .map(|at| number(&at, "history-chain-add --at POS"))
+            .transpose()
+            .and_then(|at| {
+                let at = at.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+                run_edit(&cli.config, Edit::ChainAdd { name, at }, json)
+            }),
+        Command::HistoryChainRemove { name } => run_edit(&cli.config, Edit::ChainRemove { name }, json),
+        Command::HistoryChainMove { name, position } => {
+            number(&position, "history-chain-move POS").and_then(|to| {
+                let to = usize::try_from(to).unwrap_or(usize::MAX);
+                run_edit(&cli.config, Edit::ChainMove { name, to }, json)
+            })
+        }
+        Command::HistoryMaxctx { n } => {
+            number(&n, "history-maxctx N").and_then(|n| run_edit(&cli.config, Edit::MaxCtx(n), json))
+        }
+        Command::MaxUsers { n } => {
+            number(&n, "max-users N").and_then(|n| run_edit(&cli.config, Edit::MaxUsers(n), json))
+        }
+        Command::SessionTimeout { minutes } => number(&minutes, "session-timeout MINUTES")
+            .and_then(|m| run_edit(&cli.config, Edit::SessionTimeout(m), json)),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(Failure(message)) => {
+            eprintln!("agentctl: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A whole number argument, with a one-line refusal otherwise.
+fn number(text: &str, what: &str) -> Result<u64, Failure> {
+    text.trim()
+        .parse::<u64>()
+        .map_err(|_| Failure(format!("{what} must be a whole number, got \"{text}\"")))
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    );
+}
+
+fn load_config(file: &Path) -> Result<Config, Failure> {
+    Config::load(file).map_err(|err| Failure(err.to_string()))
+}
+
+fn run_edit(file: &Path, edit: Edit, json: bool) -> Result<bool, Failure> {
+    let outcome = edit::run(file, &edit).map_err(|refused| Failure(refused.0))?;
+    if json {
+        print_json(&serde_json::json!({
+            "file": outcome.file.display().to_string(),
+            "summary": outcome.summary,
+            "written": outcome.written,
+        }));
+    } else if outcome.written {
+        println!("{} ({} updated)", outcome.summary, outcome.file.display());
+    } else {
+        println!("{}", outcome.summary);
+    }
+    Ok(true)
+}
+
+fn history_list(file: &Path, json: bool) -> Result<bool, Failure> {
+    let config = load_config(file)?;
+    let catalog = Catalog::discover(&config.plugin_dir);
+    let (text, value) = inspect::history_list(&config, &catalog);
+    if json {
+        print_json(&value);
+    } else {
+        print!("{text}");
+    }
+    Ok(true)
+}
+
+fn plugins(file: &Path, json: bool) -> Result<bool, Failure> {
+    let config = load_config(file)?;
+    let statuses = inspect::plugins(&config).map_err(|err| Failure(format!("{}: {err}", file.display())))?;
+    let (text, value) = inspect::render_plugins(&config, &statuses);
+    if json {
+        print_json(&value);
+    } else {
+        print!("{text}");
+    }
+    Ok(true)
+}
+
+fn check(file: &Path, json: bool) -> Result<bool, Failure> {
+    let report = inspect::check(file);
+    let (text, value) = inspect::render_check(&report);
+    if json {
+        print_json(&value);
+    } else {
+        print!("{text}");
+    }
+    if !report.ok() {
+        eprintln!(
+            "agentctl: check failed: {}",
+            report.problems.first().map(String::as_str).unwrap_or("")
+        );
+    }
+    Ok(report.ok())
+}
