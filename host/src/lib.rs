@@ -8,6 +8,7 @@
 //! - [`tokens`]: the tokenizers offered to plugins, with per-message caching;
 //! - [`document`]: the input document of `process`;
 //! - [`report`]: the summary log line and `--explain`;
+//! - [`expand`]: restoring a compacted or omitted message's original content (§5.6);
 //! - [`logging`]: the plugin log callback and the CLI's log output.
 //!
 //! See `ARCHITECTURE.md` at the workspace root for how a turn flows through these.
@@ -16,6 +17,7 @@ pub mod chain;
 pub mod check;
 pub mod config;
 pub mod document;
+pub mod expand;
 pub mod loader;
 pub mod logging;
 pub mod report;
