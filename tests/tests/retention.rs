@@ -510,3 +510,61 @@ fn bad_config_is_refused_naming_the_key() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("tools.search.mode"), "{stderr}");
 }
+
+mod common;
+
+#[test]
+fn properties_on_generated_histories() {
+    common::on_big_stack(|| {
+        use proptest::test_runner::{Config, TestCaseError, TestRunner};
+        let tables = [
+        ("", "{}"),
+        (
+            "preserve_original = false\n[plugin.retention.tools.search]\nturns = 1\nmode = \"compact\"\ncompact_length = 4\n\
+             [plugin.retention.tools.delete]\nturns = 0\nmode = \"remove\"",
+            r#"{"preserve_original":false,"tools":{"search":{"turns":1,"mode":"compact","compact_length":4},
+                "delete":{"turns":0,"mode":"remove"}}}"#,
+        ),
+        (
+            "[plugin.retention.override]\nturns = 1\nmode = \"remove\"",
+            r#"{"override":{"turns":1,"mode":"remove"}}"#,
+        ),
+    ];
+        for (toml, json) in tables {
+            let config = config(toml);
+            let plugin = common::Plugin::load("retention", json);
+            let mut runner = TestRunner::new(Config {
+                cases: 64,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            let strategy = (e2e_tests::histories::history(), 1u64..9);
+            runner
+                .run(&strategy, |(history, turn)| {
+                    let fail =
+                        |what: String| TestCaseError::fail(format!("{what}\nconfig {toml:?}\n{history}"));
+                    // The host's check passes under on_plugin_error = "fail".
+                    config
+                        .run("c4", &history, Some(turn))
+                        .map_err(|e| fail(e.to_string()))?;
+                    // Applied twice with the same turns = applied once, and nothing invented.
+                    let input = common::prepared(&history, turn);
+                    let ctx = common::context(turn);
+                    let once = plugin.apply(&input, &ctx).map_err(fail)?;
+                    let twice = plugin.apply(&once, &ctx).map_err(fail)?;
+                    if once.len() > input.len() {
+                        return Err(fail("messages were added".into()));
+                    }
+                    if common::text(&once) != common::text(&twice) {
+                        return Err(fail(format!(
+                            "not idempotent:\nonce  {}\ntwice {}",
+                            common::text(&once),
+                            common::text(&twice)
+                        )));
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+    });
+}
