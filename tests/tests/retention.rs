@@ -456,6 +456,21 @@ fn policy_0_empties_messages_user_removed_task_and_tools_become_placeholders() {
 }
 
 #[test]
+fn a_placeholder_is_never_replaced_again_but_its_policy_still_counts() {
+    // The newest message is already a placeholder that (oddly) kept a policy: it is left
+    // exactly as it is, and still takes idx 0, so the older part with policy 1 goes.
+    let input = j!([
+        {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "text", "text": "ctx"}],
+         "metadata": {"retention_policy": [null, 1]}},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "[Gone]", "metadata": {"omitted": true, "tokens_saved": 7, "retention_policy": [0]}}
+    ]);
+    let out = run_at(&config(""), &input, 2);
+    assert_eq!(out[2], input[2]);
+    assert_eq!(out[0]["content"], j!([{"type": "text", "text": "q"}]));
+}
+
+#[test]
 fn a_wrong_length_policy_is_a_warning_and_still_counts() {
     // The newest message's policy is too long: it is left unchanged but still takes
     // idx 0, so the older message sits at idx 1 and its policy-1 part is pruned.

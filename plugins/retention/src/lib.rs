@@ -259,6 +259,11 @@ impl HistoryPlugin for Retention {
             };
             let position = idx;
             idx += 1;
+            // A placeholder is final (§5.5: nothing replaces it again); it still carries
+            // a policy here only if something else left one, and it still counts.
+            if message.meta().is_some_and(|m| m.omitted()) {
+                continue;
+            }
             let parts = message.content.part_count();
             if policy.len() != parts {
                 events.push(

@@ -146,10 +146,10 @@ impl HistoryPlugin for ToolResultFilter {
         let strategy = match strategy.unwrap_or(0) {
             0 => Strategy::KeepLast(usize::try_from(keep.unwrap_or(4)).unwrap_or(usize::MAX)),
             other => {
-                // `keep` with another strategy is a mistake the operator should hear about,
-                // not a value silently ignored.
+                // `keep` left over from an earlier keep_last is harmless: say so rather
+                // than refuse the whole configuration.
                 if keep.is_some() {
-                    return Err(config.invalid("keep", "only applies with strategy = \"keep_last\""));
+                    load.log.warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
                 }
                 if other == 1 {
                     Strategy::DropAll
@@ -330,7 +330,7 @@ mod tests {
         };
         assert!(err(r#"{"strategy":"some"}"#).starts_with("strategy:"));
         assert!(err(r#"{"keep":-1}"#).starts_with("keep:"));
-        assert!(err(r#"{"strategy":"drop_all","keep":2}"#).starts_with("keep:"));
+        assert!(ToolResultFilter::new(&load_context(r#"{"strategy":"drop_all","keep":2}"#)).is_ok());
         assert!(err(r#"{"exclude_tools":"x"}"#).starts_with("exclude_tools:"));
         assert!(err(r#"{"kep":2}"#).starts_with("kep: unknown key"));
     }
