@@ -287,6 +287,17 @@ fn placeholders_are_never_replaced_again_and_do_not_count() {
 }
 
 #[test]
+fn a_result_that_already_is_the_placeholder_is_left_alone() {
+    // role_pair answers a call that had no result with a bare placeholder; sent back on
+    // the next turn, it is neither replaced (its bytes stay) nor counted toward keep.
+    let mut input = agent_history(3);
+    input[2] = j!({"role": "tool", "tool_call_id": "call_0", "content": "[Omitted]"});
+    let out = run(&config("keep = 1"), &input);
+    assert_eq!(out[2], input[2]);
+    assert_eq!(omitted_indices(&out), vec![4]);
+}
+
+#[test]
 fn applying_twice_is_applying_once() {
     for table in [
         "",

@@ -61,6 +61,12 @@ impl ToolResultFilter {
         if message.meta().is_some_and(|m| m.omitted()) {
             return false;
         }
+        // A result that already is exactly the placeholder (e.g. role_pair's result for a
+        // call that had none, sent back on the next turn) has nothing to save; replacing it
+        // would only add metadata and change its bytes.
+        if matches!(&message.content, Content::Text(text) if text.as_str() == self.placeholder) {
+            return false;
+        }
         if let Some(name) = tool_name(history, answers, index) {
             if self.exclude_tools.contains(name) {
                 return false;
@@ -254,7 +260,7 @@ impl HistoryPlugin for ToolResultFilter {
             savings.push(saved);
         }
         let total_saved: i64 = savings.iter().sum();
-        if total_saved < self.clear_at_least as i64 {
+        if total_saved < i64::try_from(self.clear_at_least).unwrap_or(i64::MAX) {
             ctx.log.info(&format!(
                 "tool_result_filter: replacing {} results would save {total_saved} tokens, less than clear_at_least {}; nothing replaced",
                 replace.len(),
