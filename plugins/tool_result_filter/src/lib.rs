@@ -72,7 +72,14 @@ impl ToolResultFilter {
                 return false;
             }
         }
-        message.content.char_count() > self.min_chars
+        // Longer than min_chars: look at no more than min_chars + 1 characters, so an
+        // old, huge result costs nothing to measure on every turn.
+        message
+            .content
+            .items()
+            .flat_map(str::chars)
+            .nth(self.min_chars)
+            .is_some()
     }
 
     fn describe_strategy(&self) -> String {
