@@ -177,4 +177,27 @@ mod tests {
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(signed(-80210), "-80,210");
     }
+
+    #[test]
+    fn prefix_kept_is_the_first_index_whose_bytes_differ() {
+        let history = plugin_api::wire::history_from_str(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
+        )
+        .unwrap();
+        let bytes: Vec<String> = history
+            .iter()
+            .map(|m| plugin_api::wire::message_to_string(m))
+            .collect();
+        assert_eq!(prefix_kept(&bytes, &history), 3);
+        assert_eq!(
+            prefix_kept(&bytes[..2], &history),
+            2,
+            "new messages after the previous ones"
+        );
+        assert_eq!(prefix_kept(&bytes, &history[..1]), 1, "the output is shorter");
+        let mut changed = bytes.clone();
+        changed[1] = r#"{"role":"assistant","content":"B"}"#.to_string();
+        assert_eq!(prefix_kept(&changed, &history), 1);
+        assert_eq!(prefix_kept(&[], &history), 0);
+    }
 }

@@ -104,6 +104,12 @@ fn drop_all_and_keep_all() {
     assert_eq!(omitted_indices(&out), tool_indices(&input));
     let out = run(&config("strategy = \"keep_all\""), &input);
     assert_eq!(out, input);
+    // min_chars defaults to 0: an empty result is "no longer than 0" and left alone.
+    let mut with_empty = input.clone();
+    with_empty[2]["content"] = j!("");
+    with_empty[4]["content"] = Value::Null;
+    let out = run(&config("strategy = \"drop_all\""), &with_empty);
+    assert_eq!(omitted_indices(&out), vec![6]);
 }
 
 #[test]
