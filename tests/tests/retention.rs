@@ -203,6 +203,15 @@ fn remove_drops_user_messages_but_leaves_placeholders_for_tools_and_the_task() {
     assert_eq!(out[3]["metadata"]["is_expired"], true);
     assert_eq!(out[4], input[5]);
     assert_eq!(out[5], input[6]);
+    // The events' savings add up to the token change the host reports for retention.
+    let run = config.run("c4", &input.to_string(), Some(5)).unwrap();
+    let stage = &run.stages[1];
+    let saved: i64 = stage
+        .events
+        .iter()
+        .filter_map(|e| e.tokens_saved.into_option())
+        .sum();
+    assert_eq!(saved, stage.tokens_in as i64 - stage.tokens_out as i64);
     let kinds: Vec<(String, Option<u64>)> = events(&config, &input, 5)
         .into_iter()
         .map(|e| (e.0, e.1))
@@ -439,7 +448,15 @@ fn policy_0_empties_messages_user_removed_task_and_tools_become_placeholders() {
         {"role": "user", "content": null, "metadata": {"retention_policy": []}},
         {"role": "user", "content": "kept", "metadata": {"retention_policy": [null]}}
     ]);
-    let out = run_at(&config(""), &input, 1);
+    let run = config("").run("c4", &input.to_string(), Some(1)).unwrap();
+    let stage = &run.stages[1];
+    let saved: i64 = stage
+        .events
+        .iter()
+        .filter_map(|e| e.tokens_saved.into_option())
+        .sum();
+    assert_eq!(saved, stage.tokens_in as i64 - stage.tokens_out as i64);
+    let out = run_json(&run);
     let out = out.as_array().unwrap();
     assert_eq!(out.len(), 7, "{out:?}");
     assert_eq!(out[1]["content"], "[Omitted]");

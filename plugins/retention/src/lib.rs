@@ -20,6 +20,9 @@ use plugin_api::{
     HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
 };
 
+/// §5.2's default per-message overhead, as the host counts a history's tokens.
+const PER_MESSAGE_TOKENS: u64 = 3;
+
 /// Expiration settings, every field optional; merged field by field (§5.5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Settings {
@@ -99,6 +102,12 @@ fn tool_name<'a>(history: &'a [RArc<Message>], answers: &[Option<usize>], index:
 /// Content tokens of a message with the model's tokenizer (cached on the message).
 fn content_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
     ctx.tokens.content(tokenizer, message) as i64
+}
+
+/// What removing a whole message saves: its content and §5.2's per-message overhead, so
+/// the events add up to the token change the host reports for the plugin.
+fn removed_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
+    ctx.tokens.message(tokenizer, message, PER_MESSAGE_TOKENS) as i64
 }
 
 /// The annotated first-N-characters compaction of `text` (SPEC §5.5), or `None` when the
@@ -308,7 +317,7 @@ impl HistoryPlugin for Retention {
                             "retention_policy pruned every part; user message removed",
                         )
                         .at(index, message)
-                        .saving(before),
+                        .saving(removed_tokens(ctx, tokenizer, message)),
                     );
                 } else {
                     let saved = before - placeholder_tokens;
@@ -381,7 +390,7 @@ impl HistoryPlugin for Retention {
                         events.push(
                             Event::new(EventKind::MessageRemoved, ctx.turn, format!("{reason}; removed"))
                                 .at(index, original)
-                                .saving(before),
+                                .saving(removed_tokens(ctx, tokenizer, message)),
                         );
                         *slot = Slot::Removed;
                     } else {
