@@ -375,7 +375,7 @@ mod common;
 #[test]
 fn properties_on_generated_histories() {
     common::on_big_stack(|| {
-        use proptest::test_runner::{Config, TestCaseError, TestRunner};
+        use proptest::test_runner::TestCaseError;
         let tables = [
             ("", "{}"),
             (
@@ -390,11 +390,7 @@ fn properties_on_generated_histories() {
         for (toml, json) in tables {
             let config = config(toml);
             let plugin = common::Plugin::load("tool_result_filter", json);
-            let mut runner = TestRunner::new(Config {
-                cases: 64,
-                failure_persistence: None,
-                ..Config::default()
-            });
+            let mut runner = common::runner();
             let strategy = (e2e_tests::histories::history(), 1u64..9);
             runner
                 .run(&strategy, |(history, turn)| {

@@ -100,3 +100,17 @@ pub fn on_big_stack(f: impl FnOnce() + Send) {
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     });
 }
+
+/// A property-test runner: 64 cases unless `PROPTEST_CASES` says otherwise, no
+/// regression files (a failure prints the generated history itself).
+pub fn runner() -> proptest::test_runner::TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })
+}
