@@ -157,6 +157,17 @@ fn ai_summary_falls_back_to_first_n_chars() {
         out[0]["content"],
         format!("0123...\n\n[Compacted: showing first 4 of 10{ANNOTATION_TAIL}")
     );
+    // The reason is logged.
+    let document = j!({"model": "c4", "turn": 3, "messages": input});
+    let output = config.process(&[], &document.to_string());
+    assert!(output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "ai_summary requested for 1 messages, but no summarizer is configured; used first_n_chars"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
