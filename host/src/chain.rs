@@ -46,6 +46,9 @@ pub struct StageReport {
     /// Why the plugin's result was not used (`on_plugin_error = "skip"`).
     pub skipped: Option<String>,
     pub elapsed: Duration,
+    /// With a previous output to compare against ([`Chain::run_compared`]): the index of
+    /// the first message of this stage's output whose bytes differ from it (§5.2).
+    pub prefix_kept: Option<usize>,
 }
 
 /// The result of a chain run.
@@ -59,6 +62,9 @@ pub struct ChainRun {
     pub messages_in: usize,
     pub tokens_in: u64,
     pub tokens_out: u64,
+    /// With a previous output to compare against: the index of the first message of the
+    /// final history whose bytes differ from it (§5.2).
+    pub prefix_kept: Option<usize>,
 }
 
 /// A turn failed by a plugin under `on_plugin_error = "fail"`.
@@ -146,10 +152,31 @@ impl Chain {
     /// before the first plugin (§2.3).
     pub fn run(
         &self,
-        mut history: Vec<RArc<Message>>,
+        history: Vec<RArc<Message>>,
         ctx: &Context,
         call: Call<'_>,
     ) -> Result<ChainRun, PluginFailure> {
+        self.run_compared(history, ctx, call, None)
+    }
+
+    /// [`Chain::run`], also reporting per stage and for the final history how much of
+    /// `previous` (the previous turn's output) is kept byte for byte: `prefix_kept`, what
+    /// each plugin costs the provider's prompt cache (§5.2).
+    pub fn run_compared(
+        &self,
+        mut history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+        previous: Option<&[RArc<Message>]>,
+    ) -> Result<ChainRun, PluginFailure> {
+        // Serialized once: every stage compares against the same bytes.
+        let previous: Option<Vec<String>> =
+            previous.map(|p| p.iter().map(|m| plugin_api::wire::message_to_string(m)).collect());
+        let prefix_kept = |history: &[RArc<Message>]| {
+            previous
+                .as_deref()
+                .map(|previous| crate::report::prefix_kept(previous, history))
+        };
         turns::assign_origins(&mut history);
         turns::derive_turns(&mut history, ctx.turn);
         let tokenizer = ctx.model.tokenizer;
@@ -185,6 +212,7 @@ impl Chain {
                 events: Vec::new(),
                 skipped: None,
                 elapsed,
+                prefix_kept: None,
             };
             match checked {
                 Ok((output, output_faults)) => {
@@ -209,10 +237,12 @@ impl Chain {
                     }
                 },
             }
+            report.prefix_kept = prefix_kept(&history);
             stages.push(report);
         }
 
         let run = ChainRun {
+            prefix_kept: prefix_kept(&history),
             history,
             input_faults: input_fault_lines,
             stages,

@@ -8,6 +8,7 @@
 //! - [`tokens`]: the tokenizers offered to plugins, with per-message caching;
 //! - [`document`]: the input document of `process`;
 //! - [`report`]: the summary log line and `--explain`;
+//! - [`expand`]: restoring a compacted or omitted message's original content (§5.6);
 //! - [`logging`]: the plugin log callback and the CLI's log output;
 //! - [`edit`]: `agentctl`'s edits of the configuration, validated by the host's own rules
 //!   and written atomically;
@@ -20,6 +21,7 @@ pub mod check;
 pub mod config;
 pub mod document;
 pub mod edit;
+pub mod expand;
 pub mod inspect;
 pub mod loader;
 pub mod logging;

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use plugin_api::Event;
+use plugin_api::{Event, Message, RArc};
 
 use crate::chain::ChainRun;
 
@@ -59,6 +59,26 @@ pub fn summary_line(run: &ChainRun) -> String {
         let _ = write!(line, " [skipped: {}]", skipped.join(", "));
     }
     line
+}
+
+/// `prefix_kept` (§5.2): the index of the first message of `history` whose bytes (compact
+/// JSON, [`plugin_api::wire::message_to_string`]) differ from `previous` (the previous
+/// output, already serialized). A message past either end differs; two equal histories
+/// give their length.
+pub fn prefix_kept(previous: &[String], history: &[RArc<Message>]) -> usize {
+    history
+        .iter()
+        .zip(previous)
+        .take_while(|(message, bytes)| plugin_api::wire::message_to_string(message) == **bytes)
+        .count()
+}
+
+fn prefix_line(kept: usize, len: usize) -> String {
+    if kept == len {
+        format!("prefix_kept {kept}: all {len} messages as in the previous output")
+    } else {
+        format!("prefix_kept {kept}: first difference from the previous output at message {kept}")
+    }
 }
 
 /// Groups runs of events of the same kind and reason: one line per group.
@@ -123,6 +143,9 @@ pub fn explain(run: &ChainRun, model: &str, tokenizer: &str, turn: u64, effectiv
             thousands(stage.tokens_out),
             stage.elapsed.as_secs_f64() * 1000.0
         );
+        if let Some(kept) = stage.prefix_kept {
+            let _ = writeln!(out, "  {}", prefix_line(kept, stage.messages_out));
+        }
         if let Some(why) = &stage.skipped {
             let _ = writeln!(out, "  skipped (history passed on unchanged): {why}");
         }
@@ -136,6 +159,9 @@ pub fn explain(run: &ChainRun, model: &str, tokenizer: &str, turn: u64, effectiv
         run.history.len(),
         thousands(run.tokens_out)
     );
+    if let Some(kept) = run.prefix_kept {
+        let _ = writeln!(out, "  {}", prefix_line(kept, run.history.len()));
+    }
     out
 }
 
@@ -150,5 +176,28 @@ mod tests {
         assert_eq!(thousands(96120), "96,120");
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(signed(-80210), "-80,210");
+    }
+
+    #[test]
+    fn prefix_kept_is_the_first_index_whose_bytes_differ() {
+        let history = plugin_api::wire::history_from_str(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
+        )
+        .unwrap();
+        let bytes: Vec<String> = history
+            .iter()
+            .map(|m| plugin_api::wire::message_to_string(m))
+            .collect();
+        assert_eq!(prefix_kept(&bytes, &history), 3);
+        assert_eq!(
+            prefix_kept(&bytes[..2], &history),
+            2,
+            "new messages after the previous ones"
+        );
+        assert_eq!(prefix_kept(&bytes, &history[..1]), 1, "the output is shorter");
+        let mut changed = bytes.clone();
+        changed[1] = r#"{"role":"assistant","content":"B"}"#.to_string();
+        assert_eq!(prefix_kept(&changed, &history), 1);
+        assert_eq!(prefix_kept(&[], &history), 0);
     }
 }

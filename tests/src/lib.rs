@@ -14,6 +14,8 @@ use std::process::{Command, Output, Stdio};
 use history_host::chain::stateless_context;
 use history_host::{load_chain, Call, ChainRun, PluginFailure};
 
+pub mod histories;
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -42,6 +42,11 @@ enum Command {
         /// Prints to stderr, per plugin: messages and tokens in and out, and its events.
         #[arg(long)]
         explain: bool,
+        /// A previous output of this chain (e.g. last turn's stdout): the report shows,
+        /// per plugin and for the final output, the first message whose bytes differ
+        /// from it (`prefix_kept`, what each plugin costs the provider's prompt cache).
+        #[arg(long, value_name = "FILE")]
+        previous: Option<String>,
     },
 }
 
@@ -74,7 +79,8 @@ fn main() -> ExitCode {
             model,
             input,
             explain,
-        } => process(&config, model, &input, explain),
+            previous,
+        } => process(&config, model, &input, explain, previous.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -98,12 +104,27 @@ fn read_input(input: &str) -> Result<Vec<u8>, Failure> {
     Ok(bytes)
 }
 
-fn process(config_file: &Path, model: Option<String>, input: &str, explain: bool) -> Result<(), Failure> {
+fn process(
+    config_file: &Path,
+    model: Option<String>,
+    input: &str,
+    explain: bool,
+    previous: Option<&str>,
+) -> Result<(), Failure> {
     let (config, _catalog, chain) = load_chain(config_file).map_err(|err| Failure {
         status: 3,
         message: err.to_string(),
     })?;
     let document = parse_document(&read_input(input)?).map_err(|err| bad_input(err.0))?;
+    let previous = match previous {
+        None => None,
+        Some("-") => return Err(bad_input("--previous must name a file, not stdin".into())),
+        Some(file) => Some(
+            parse_document(&read_input(file)?)
+                .map_err(|err| bad_input(format!("previous output {file}: {}", err.0)))?
+                .messages,
+        ),
+    };
 
     let model_name = model.or(document.model).unwrap_or_else(|| "default".to_string());
     let model = config.model(&model_name);
@@ -111,7 +132,7 @@ fn process(config_file: &Path, model: Option<String>, input: &str, explain: bool
     let tokenizer = model.tokenizer.as_str();
     let ctx = stateless_context(&config, model, turn);
     let run = chain
-        .run(document.messages, &ctx, Call::Process)
+        .run_compared(document.messages, &ctx, Call::Process, previous.as_deref())
         .map_err(|failure| Failure {
             status: 4,
             message: failure.to_string(),
@@ -121,6 +142,11 @@ fn process(config_file: &Path, model: Option<String>, input: &str, explain: bool
         eprint!(
             "{}",
             report::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx)
+        );
+    } else if let Some(kept) = run.prefix_kept {
+        tracing::info!(
+            "prefix_kept: {kept} of {} messages as in the previous output",
+            run.history.len()
         );
     }
     let mut out = String::from("[");

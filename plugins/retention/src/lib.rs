@@ -1,0 +1,509 @@
+//! `retention`: block retention and expiration, both driven by message metadata
+//! (SPEC §5.5).
+//!
+//! - **Block retention**: `metadata.retention_policy` has one entry per content part. A
+//!   part with policy `N` lives while `N > idx`, `idx` being the message's position from
+//!   the newest among the user/tool messages that carry a policy. This is how context
+//!   injected for one turn (seed 000) disappears from later turns.
+//! - **Expiration**: `metadata.expiration` (or per-tool defaults and overrides from the
+//!   config and the session) removes or compacts a user/tool message once it is older than
+//!   `turns` turns (seed 001). Compaction keeps the original for expansion (§5.6).
+//!
+//! Both only ever shorten or drop messages; removing a message that would break the
+//! structure (a tool result, the task) leaves a placeholder instead.
+
+use std::collections::HashMap;
+
+use plugin_api::structure::answered_calls;
+use plugin_api::{
+    CompactMode, ConfigError, ConfigTable, Content, Context, Event, EventKind, Expiration, ExpirationMode,
+    HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
+};
+
+/// §5.2's default per-message overhead, as the host counts a history's tokens.
+const PER_MESSAGE_TOKENS: u64 = 3;
+
+/// Expiration settings, every field optional; merged field by field (§5.5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Settings {
+    turns: Option<u64>,
+    mode: Option<ExpirationMode>,
+    compact_mode: Option<CompactMode>,
+    compact_length: Option<u64>,
+}
+
+impl Settings {
+    /// `self`'s fields, each falling back to `other`'s.
+    fn or(self, other: Settings) -> Settings {
+        Settings {
+            turns: self.turns.or(other.turns),
+            mode: self.mode.or(other.mode),
+            compact_mode: self.compact_mode.or(other.compact_mode),
+            compact_length: self.compact_length.or(other.compact_length),
+        }
+    }
+
+    fn of_expiration(expiration: &Expiration) -> Settings {
+        Settings {
+            turns: expiration.turns.into_option(),
+            mode: expiration.mode.into_option(),
+            compact_mode: expiration.compact_mode.into_option(),
+            compact_length: expiration.compact_length.into_option(),
+        }
+    }
+
+    /// Reads `turns`, `mode`, `compact_mode`, `compact_length` from a config table.
+    fn read(table: &mut ConfigTable) -> Result<Settings, ConfigError> {
+        const MODES: [ExpirationMode; 3] = [
+            ExpirationMode::None,
+            ExpirationMode::Remove,
+            ExpirationMode::Compact,
+        ];
+        const COMPACT_MODES: [CompactMode; 2] = [CompactMode::FirstNChars, CompactMode::AiSummary];
+        Ok(Settings {
+            turns: table.u64("turns")?,
+            mode: table
+                .choice("mode", &["none", "remove", "compact"])?
+                .map(|i| MODES[i]),
+            compact_mode: table
+                .choice("compact_mode", &["first_n_chars", "ai_summary"])?
+                .map(|i| COMPACT_MODES[i]),
+            compact_length: table.u64("compact_length")?,
+        })
+    }
+}
+
+pub struct Retention {
+    preserve_original: bool,
+    placeholder: String,
+    /// `[plugin.retention.tools.NAME]`: defaults for the results of tool NAME.
+    tools: HashMap<String, Settings>,
+    /// `[plugin.retention.override]`.
+    overrides: Settings,
+    disable_expiration: bool,
+}
+
+/// The tool name of the result at `index`: its call's `function.name`, else the message's
+/// own `name` (the same rule as `tool_result_filter`, §5.4).
+fn tool_name<'a>(history: &'a [RArc<Message>], answers: &[Option<usize>], index: usize) -> Option<&'a str> {
+    let message = &history[index];
+    let from_call = answers[index].and_then(|call| {
+        let id = message.call_id()?;
+        history[call]
+            .tool_calls
+            .iter()
+            .find(|c| c.id.as_str() == id)
+            .map(|c| c.name.as_str())
+            .filter(|name| !name.is_empty())
+    });
+    from_call.or_else(|| message.name.as_ref().into_option().map(|s| s.as_str()))
+}
+
+/// Content tokens of a message with the model's tokenizer (cached on the message).
+fn content_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
+    ctx.tokens.content(tokenizer, message) as i64
+}
+
+/// What removing a whole message saves: its content and §5.2's per-message overhead, so
+/// the events add up to the token change the host reports for the plugin.
+fn removed_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
+    ctx.tokens.message(tokenizer, message, PER_MESSAGE_TOKENS) as i64
+}
+
+/// The annotated first-N-characters compaction of `text` (SPEC §5.5), or `None` when the
+/// text is not longer than `length` characters.
+pub fn first_n_chars(text: &str, length: u64) -> Option<(String, u64)> {
+    let total = text.chars().count() as u64;
+    if total <= length {
+        return None;
+    }
+    // Cut on a char boundary: a cut never splits a Unicode scalar value (§2.1).
+    let cut = text
+        .char_indices()
+        .nth(length as usize)
+        .map_or(text.len(), |(byte, _)| byte);
+    Some((
+        format!(
+            "{}...\n\n[Compacted: showing first {length} of {total} characters. Agent can request expansion if needed.]",
+            &text[..cut]
+        ),
+        total,
+    ))
+}
+
+/// What happens to one message slot of the output.
+enum Slot {
+    Keep(RArc<Message>),
+    Removed,
+}
+
+impl Retention {
+    /// A placeholder copy of `message`: content replaced, policy gone, marked `omitted` so
+    /// nothing expires or replaces it again.
+    fn placeholder(&self, message: &Message, tokens_saved: i64) -> Message {
+        let mut copy = message.clone();
+        copy.content = Content::Text(self.placeholder.as_str().into());
+        let meta = copy.meta_mut();
+        meta.omitted = ROption::RSome(true);
+        meta.tokens_saved = ROption::RSome(tokens_saved);
+        meta.retention_policy = ROption::RNone;
+        copy
+    }
+
+    /// The expiration settings of a message, or `None` when it never expires.
+    fn settings(
+        &self,
+        session: Option<&plugin_api::ExpirationOverride>,
+        message: &Message,
+        tool: Option<&str>,
+    ) -> Option<Settings> {
+        let own = message.meta().and_then(|m| m.expiration.as_ref().into_option());
+        // The override applies to every tool message and to every message with an
+        // expiration; a plain user message keeps living.
+        let overridden = message.role == Role::Tool || own.is_some();
+        let tool_defaults = tool
+            .filter(|_| message.role == Role::Tool)
+            .and_then(|name| self.tools.get(name))
+            .copied()
+            .unwrap_or_default();
+        let own = own.map(Settings::of_expiration).unwrap_or_default();
+        if !overridden {
+            return Some(own.or(tool_defaults));
+        }
+        if self.disable_expiration || session.is_some_and(|s| s.disable_expiration) {
+            return None;
+        }
+        // The session's override is the more specific, runtime one: it wins over the
+        // operator's `[plugin.retention.override]`.
+        let session = session
+            .map(|s| Settings {
+                turns: s.turns.into_option(),
+                mode: s.mode.into_option(),
+                compact_mode: s.compact_mode.into_option(),
+                compact_length: s.compact_length.into_option(),
+            })
+            .unwrap_or_default();
+        Some(session.or(self.overrides).or(own).or(tool_defaults))
+    }
+}
+
+impl HistoryPlugin for Retention {
+    const NAME: &'static str = "retention";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const SUMMARY: &'static str =
+        "block retention by retention_policy, then expiration (remove or compact) of old user/tool messages";
+    const CONFIG_KEYS: &'static [(&'static str, &'static str)] = &[
+        (
+            "preserve_original",
+            "keep original_content and can_expand on compaction (default true)",
+        ),
+        (
+            "placeholder",
+            "content of the placeholders it leaves (default \"[Omitted]\")",
+        ),
+        (
+            "tools.NAME",
+            "table: default turns, mode, compact_mode, compact_length for results of tool NAME",
+        ),
+        (
+            "override",
+            "table: turns, mode, compact_mode, compact_length, disable_expiration over every message",
+        ),
+    ];
+
+    fn new(load: &LoadContext) -> Result<Self, ConfigError> {
+        let mut config = ConfigTable::parse(&load.config_json)?;
+        let preserve_original = config.bool("preserve_original")?.unwrap_or(true);
+        let placeholder = config
+            .string("placeholder")?
+            .unwrap_or_else(|| "[Omitted]".to_string());
+        let mut tools = HashMap::new();
+        for (name, mut table) in config.tables("tools")? {
+            let settings = Settings::read(&mut table)?;
+            table.finish()?;
+            tools.insert(name, settings);
+        }
+        let (overrides, disable_expiration) = match config.table("override")? {
+            None => (Settings::default(), false),
+            Some(mut table) => {
+                let settings = Settings::read(&mut table)?;
+                let disable = table.bool("disable_expiration")?.unwrap_or(false);
+                table.finish()?;
+                (settings, disable)
+            }
+        };
+        config.finish()?;
+        Ok(Retention {
+            preserve_original,
+            placeholder,
+            tools,
+            overrides,
+            disable_expiration,
+        })
+    }
+
+    fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
+        let tokenizer = ctx.model.tokenizer;
+        let answers = answered_calls(history);
+        // The first user message of the history is the task (§5): never removed, only
+        // replaced by a placeholder, so the history still starts with the user.
+        let first_user = history.iter().position(|m| m.role == Role::User);
+        let placeholder_tokens = ctx.tokens.text(tokenizer, &self.placeholder) as i64;
+        let mut slots: Vec<Slot> = history.iter().cloned().map(Slot::Keep).collect();
+        let mut events: Vec<Event> = Vec::new();
+
+        // Block retention, newest first: idx counts the managed messages that carry a
+        // policy, a wrong-length one included.
+        let mut idx: u64 = 0;
+        for index in (0..history.len()).rev() {
+            let message = &history[index];
+            if !matches!(message.role, Role::User | Role::Tool) {
+                continue;
+            }
+            let Some(policy) = message
+                .meta()
+                .and_then(|m| m.retention_policy.as_ref().into_option())
+            else {
+                continue;
+            };
+            let position = idx;
+            idx += 1;
+            // A placeholder is final (§5.5: nothing replaces it again); it still carries
+            // a policy here only if something else left one, and it still counts.
+            if message.meta().is_some_and(|m| m.omitted()) {
+                continue;
+            }
+            let parts = message.content.part_count();
+            if policy.len() != parts {
+                events.push(
+                    Event::new(
+                        EventKind::Warning,
+                        ctx.turn,
+                        format!(
+                            "retention_policy has {} entries for {parts} content parts; message left unchanged",
+                            policy.len()
+                        ),
+                    )
+                    .at(index, message),
+                );
+                continue;
+            }
+            let keep: Vec<bool> = policy
+                .iter()
+                .map(|entry| match entry.into_option() {
+                    None => true,
+                    Some(n) => n > position,
+                })
+                .collect();
+            if parts == 0 || keep.iter().all(|&k| k) {
+                continue;
+            }
+            let before = content_tokens(ctx, tokenizer, message);
+            let remaining: RVec<_> = message
+                .content
+                .to_parts()
+                .into_iter()
+                .zip(&keep)
+                .filter(|(_, &k)| k)
+                .map(|(part, _)| part)
+                .collect();
+            if remaining.is_empty() {
+                if message.role == Role::User && Some(index) != first_user {
+                    slots[index] = Slot::Removed;
+                    events.push(
+                        Event::new(
+                            EventKind::MessageRemoved,
+                            ctx.turn,
+                            "retention_policy pruned every part; user message removed",
+                        )
+                        .at(index, message)
+                        .saving(removed_tokens(ctx, tokenizer, message)),
+                    );
+                } else {
+                    let saved = before - placeholder_tokens;
+                    slots[index] = Slot::Keep(RArc::new(self.placeholder(message, saved)));
+                    events.push(
+                        Event::new(
+                            EventKind::MessageOmitted,
+                            ctx.turn,
+                            "retention_policy pruned every part; placeholder kept",
+                        )
+                        .at(index, message)
+                        .saving(saved),
+                    );
+                }
+                continue;
+            }
+            let pruned = parts - remaining.len();
+            let mut copy = (**message).clone();
+            copy.content = Content::Parts(remaining);
+            copy.meta_mut().retention_policy = ROption::RSome(
+                policy
+                    .iter()
+                    .zip(&keep)
+                    .filter(|(_, &k)| k)
+                    .map(|(entry, _)| *entry)
+                    .collect(),
+            );
+            let saved = before - content_tokens(ctx, tokenizer, &copy);
+            events.push(
+                Event::new(
+                    EventKind::MessageCompacted,
+                    ctx.turn,
+                    format!("retention_policy pruned {pruned} of {parts} parts"),
+                )
+                .at(index, message)
+                .saving(saved),
+            );
+            slots[index] = Slot::Keep(RArc::new(copy));
+        }
+        // Block retention's events were made newest first; report them in history order.
+        events.reverse();
+
+        // Expiration, on what block retention left.
+        let session = ctx.expiration_override.as_ref().into_option();
+        let mut summaries_wanted = 0usize;
+        for (index, slot) in slots.iter_mut().enumerate() {
+            let Slot::Keep(message) = slot else { continue };
+            if !matches!(message.role, Role::User | Role::Tool) || message.is_shortened() {
+                continue;
+            }
+            let tool = tool_name(history, &answers, index);
+            let Some(settings) = self.settings(session, message, tool) else {
+                continue;
+            };
+            let (Some(turns), Some(mode)) = (settings.turns, settings.mode) else {
+                continue;
+            };
+            // Not clamped: a message from a later turn than the current one is young.
+            let age = i128::from(ctx.turn) - i128::from(message.turn);
+            if age <= i128::from(turns) {
+                continue;
+            }
+            let original = &history[index];
+            match mode {
+                ExpirationMode::None => {}
+                ExpirationMode::Remove => {
+                    let before = content_tokens(ctx, tokenizer, message);
+                    let reason = format!("expired: {age} turns old, turns = {turns}");
+                    if message.role == Role::User && Some(index) != first_user {
+                        events.push(
+                            Event::new(EventKind::MessageRemoved, ctx.turn, format!("{reason}; removed"))
+                                .at(index, original)
+                                .saving(removed_tokens(ctx, tokenizer, message)),
+                        );
+                        *slot = Slot::Removed;
+                    } else {
+                        let saved = before - placeholder_tokens;
+                        let mut copy = self.placeholder(message, saved);
+                        copy.meta_mut().is_expired = ROption::RSome(true);
+                        events.push(
+                            Event::new(
+                                EventKind::MessageExpired,
+                                ctx.turn,
+                                format!("{reason}; placeholder kept"),
+                            )
+                            .at(index, original)
+                            .saving(saved),
+                        );
+                        *slot = Slot::Keep(RArc::new(copy));
+                    }
+                }
+                ExpirationMode::Compact => {
+                    if settings.compact_mode == Some(CompactMode::AiSummary) {
+                        summaries_wanted += 1;
+                    }
+                    let length = settings.compact_length.unwrap_or(500);
+                    let Some((text, total)) = first_n_chars(&message.content.text(), length) else {
+                        continue;
+                    };
+                    let before = content_tokens(ctx, tokenizer, message);
+                    let mut copy = (**message).clone();
+                    copy.content = Content::Text(text.into());
+                    let saved = before - content_tokens(ctx, tokenizer, &copy);
+                    let original_content = message.content.clone();
+                    let preserve = self.preserve_original;
+                    let meta = copy.meta_mut();
+                    meta.was_compacted = ROption::RSome(true);
+                    meta.is_expired = ROption::RSome(true);
+                    meta.original_length = ROption::RSome(total);
+                    meta.tokens_saved = ROption::RSome(saved);
+                    meta.retention_policy = ROption::RNone;
+                    if preserve {
+                        meta.can_expand = ROption::RSome(true);
+                        // An existing original (from an earlier omission or compaction)
+                        // is the real original: keep it so expansion restores that.
+                        if meta.original_content.is_none() {
+                            meta.original_content = ROption::RSome(original_content);
+                        }
+                    }
+                    events.push(
+                        Event::new(
+                            EventKind::MessageCompacted,
+                            ctx.turn,
+                            format!("expired: {age} turns old, turns = {turns}; compacted to the first {length} characters"),
+                        )
+                        .at(index, original)
+                        .saving(saved),
+                    );
+                    *slot = Slot::Keep(RArc::new(copy));
+                }
+            }
+        }
+        if summaries_wanted > 0 {
+            ctx.log.info(&format!(
+                "retention: compact_mode ai_summary requested for {summaries_wanted} messages, but no summarizer is configured; used first_n_chars instead"
+            ));
+        }
+
+        for warning in events.iter().filter(|e| e.kind == EventKind::Warning) {
+            let at = warning.index.into_option().unwrap_or_default();
+            ctx.log
+                .warn(&format!("retention: message {at}: {}", warning.reason));
+        }
+        if events.iter().all(|e| e.kind == EventKind::Warning) {
+            // Nothing changed: pass the very same messages on.
+            return Ok(Output::new(history.iter().cloned(), events));
+        }
+        let out = slots.into_iter().filter_map(|slot| match slot {
+            Slot::Keep(message) => Some(message),
+            Slot::Removed => None,
+        });
+        Ok(Output::new(out, events))
+    }
+}
+
+plugin_api::export_plugin!(Retention);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_n_chars_cuts_characters_not_bytes() {
+        assert_eq!(first_n_chars("héllo", 5), None);
+        let (text, total) = first_n_chars("héllo wörld", 4).unwrap();
+        assert_eq!(total, 11);
+        assert_eq!(
+            text,
+            "héll...\n\n[Compacted: showing first 4 of 11 characters. Agent can request expansion if needed.]"
+        );
+        let (text, _) = first_n_chars("ab", 0).unwrap();
+        assert!(text.starts_with("...\n\n[Compacted: showing first 0 of 2"));
+    }
+
+    #[test]
+    fn bad_config_names_the_key() {
+        let err = |config: &str| {
+            Retention::new(&plugin_api::testing::load_context(config))
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        assert!(err(r#"{"tools":{"search":{"mode":"later"}}}"#).starts_with("tools.search.mode:"));
+        assert!(err(r#"{"tools":{"search":{"turn":2}}}"#).starts_with("tools.search.turn: unknown key"));
+        assert!(err(r#"{"override":{"disable_expiration":1}}"#).starts_with("override.disable_expiration:"));
+        assert!(err(r#"{"placeholder":3}"#).starts_with("placeholder:"));
+        assert!(err(r#"{"tools":{"x":3}}"#).starts_with("tools.x:"));
+    }
+}

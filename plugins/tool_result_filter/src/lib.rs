@@ -1,0 +1,366 @@
+//! `tool_result_filter`: placeholders, never removal (SPEC §5.4).
+//!
+//! Old tool results are the bulk of an agent's history and rarely read again. Deleting
+//! them breaks the call/result structure providers demand, so this plugin keeps every
+//! message and replaces the *content* of old results with a short, byte-stable
+//! placeholder. The original stays in `metadata.original_content` (unless
+//! `preserve_original = false`) so the agent can ask for it back (§5.6).
+
+use std::collections::{HashMap, HashSet};
+
+use plugin_api::structure::answered_calls;
+use plugin_api::{
+    ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
+    Output, RArc, ROption,
+};
+
+/// §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
+const PER_MESSAGE_TOKENS: u64 = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    /// The newest `keep` counted results keep their content.
+    KeepLast(usize),
+    DropAll,
+    KeepAll,
+}
+
+pub struct ToolResultFilter {
+    strategy: Strategy,
+    placeholder: String,
+    exclude_tools: HashSet<String>,
+    min_chars: usize,
+    trigger_tokens: u64,
+    clear_at_least: u64,
+    clear_tool_inputs: bool,
+    preserve_original: bool,
+}
+
+/// The tool name of the result at `index` (§5.4): its call's `function.name`, else the
+/// message's own `name`. An empty `function.name` means the call did not name one.
+fn tool_name<'a>(history: &'a [RArc<Message>], answers: &[Option<usize>], index: usize) -> Option<&'a str> {
+    let message = &history[index];
+    let from_call = answers[index].and_then(|call| {
+        let id = message.call_id()?;
+        history[call]
+            .tool_calls
+            .iter()
+            .find(|c| c.id.as_str() == id)
+            .map(|c| c.name.as_str())
+            .filter(|name| !name.is_empty())
+    });
+    from_call.or_else(|| message.name.as_ref().into_option().map(|s| s.as_str()))
+}
+
+impl ToolResultFilter {
+    /// Whether the result at `index` takes part at all: not already a placeholder, not
+    /// of an excluded tool, and longer than `min_chars`. Results that do not take part are
+    /// never replaced and do not count toward `keep`.
+    fn counted(&self, history: &[RArc<Message>], answers: &[Option<usize>], index: usize) -> bool {
+        let message = &history[index];
+        if message.meta().is_some_and(|m| m.omitted()) {
+            return false;
+        }
+        // A result that already is exactly the placeholder (e.g. role_pair's result for a
+        // call that had none, sent back on the next turn) has nothing to save; replacing it
+        // would only add metadata and change its bytes.
+        if matches!(&message.content, Content::Text(text) if text.as_str() == self.placeholder) {
+            return false;
+        }
+        if let Some(name) = tool_name(history, answers, index) {
+            if self.exclude_tools.contains(name) {
+                return false;
+            }
+        }
+        // Longer than min_chars: look at no more than min_chars + 1 characters, so an
+        // old, huge result costs nothing to measure on every turn.
+        message
+            .content
+            .items()
+            .flat_map(str::chars)
+            .nth(self.min_chars)
+            .is_some()
+    }
+
+    fn describe_strategy(&self) -> String {
+        match self.strategy {
+            Strategy::KeepLast(keep) => format!("keep_last, keep {keep}"),
+            Strategy::DropAll => "drop_all".to_string(),
+            Strategy::KeepAll => "keep_all".to_string(),
+        }
+    }
+
+    /// The message that replaces the result `message`: the placeholder as content, the
+    /// lifecycle metadata of §5.4, and no `retention_policy` (the parts it described are
+    /// gone, and a policy of the wrong length would only draw warnings from `retention`).
+    fn placeholder_for(&self, message: &Message, tokens_saved: i64) -> Message {
+        let mut copy = message.clone();
+        copy.content = Content::Text(self.placeholder.as_str().into());
+        let original = message.content.clone();
+        let preserve = self.preserve_original;
+        let meta = copy.meta_mut();
+        meta.omitted = ROption::RSome(true);
+        meta.tokens_saved = ROption::RSome(tokens_saved);
+        meta.retention_policy = ROption::RNone;
+        if preserve {
+            meta.can_expand = ROption::RSome(true);
+            // An earlier compaction's original is the real original: expansion must
+            // restore that, not the compacted text.
+            if meta.original_content.is_none() {
+                meta.original_content = ROption::RSome(original);
+            }
+        }
+        copy
+    }
+}
+
+impl HistoryPlugin for ToolResultFilter {
+    const NAME: &'static str = "tool_result_filter";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const SUMMARY: &'static str =
+        "replaces old tool results with a byte-stable placeholder; never removes a message";
+    const CONFIG_KEYS: &'static [(&'static str, &'static str)] = &[
+        ("strategy", "keep_last (default) | drop_all | keep_all"),
+        (
+            "keep",
+            "keep_last: the newest N counted tool results keep their content (default 4)",
+        ),
+        ("placeholder", "the replacement content (default \"[Omitted]\")"),
+        (
+            "exclude_tools",
+            "tool names whose results are never replaced and not counted",
+        ),
+        (
+            "min_chars",
+            "results of at most this many characters are left alone and not counted (default 0)",
+        ),
+        (
+            "trigger_tokens",
+            "act only when the history is over this many tokens (default 0 = always)",
+        ),
+        (
+            "clear_at_least",
+            "apply only if the replacements save at least this many tokens (default 0)",
+        ),
+        (
+            "clear_tool_inputs",
+            "also replace each replaced result's call arguments with \"{}\" (default false)",
+        ),
+        (
+            "preserve_original",
+            "keep original_content and can_expand for expansion (default true)",
+        ),
+    ];
+
+    fn new(load: &LoadContext) -> Result<Self, ConfigError> {
+        let mut config = ConfigTable::parse(&load.config_json)?;
+        let strategy = config.choice("strategy", &["keep_last", "drop_all", "keep_all"])?;
+        let keep = config.u64("keep")?;
+        let strategy = match strategy.unwrap_or(0) {
+            0 => Strategy::KeepLast(usize::try_from(keep.unwrap_or(4)).unwrap_or(usize::MAX)),
+            other => {
+                // `keep` left over from an earlier keep_last is harmless: say so rather
+                // than refuse the whole configuration.
+                if keep.is_some() {
+                    load.log.warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
+                }
+                if other == 1 {
+                    Strategy::DropAll
+                } else {
+                    Strategy::KeepAll
+                }
+            }
+        };
+        let placeholder = config
+            .string("placeholder")?
+            .unwrap_or_else(|| "[Omitted]".to_string());
+        let exclude_tools = config
+            .strings("exclude_tools")?
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let min_chars = usize::try_from(config.u64("min_chars")?.unwrap_or(0)).unwrap_or(usize::MAX);
+        let trigger_tokens = config.u64("trigger_tokens")?.unwrap_or(0);
+        let clear_at_least = config.u64("clear_at_least")?.unwrap_or(0);
+        let clear_tool_inputs = config.bool("clear_tool_inputs")?.unwrap_or(false);
+        let preserve_original = config.bool("preserve_original")?.unwrap_or(true);
+        config.finish()?;
+        Ok(ToolResultFilter {
+            strategy,
+            placeholder,
+            exclude_tools,
+            min_chars,
+            trigger_tokens,
+            clear_at_least,
+            clear_tool_inputs,
+            preserve_original,
+        })
+    }
+
+    fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
+        let tokenizer = ctx.model.tokenizer;
+        let tool_total = history
+            .iter()
+            .filter(|m| m.role == plugin_api::Role::Tool)
+            .count();
+        let already = history
+            .iter()
+            .filter(|m| m.role == plugin_api::Role::Tool && m.meta().is_some_and(|meta| meta.omitted()))
+            .count();
+        let log_line = |replaced: usize| {
+            ctx.log.info(&format!(
+                "tool results: {tool_total} total, {} kept, {replaced} replaced with placeholders",
+                tool_total - replaced
+            ));
+        };
+
+        if self.trigger_tokens > 0 {
+            let total: u64 = history
+                .iter()
+                .map(|m| ctx.tokens.message(tokenizer, m, PER_MESSAGE_TOKENS))
+                .sum();
+            if total <= self.trigger_tokens {
+                ctx.log.debug(&format!(
+                    "tool_result_filter: history has {total} tokens, not over trigger_tokens {}; nothing replaced",
+                    self.trigger_tokens
+                ));
+                log_line(already);
+                return Ok(Output::unchanged(history));
+            }
+        }
+
+        let answers = answered_calls(history);
+        let counted: Vec<usize> = (0..history.len())
+            .filter(|&i| history[i].role == plugin_api::Role::Tool && self.counted(history, &answers, i))
+            .collect();
+        let replace: &[usize] = match self.strategy {
+            Strategy::KeepAll => &[],
+            Strategy::DropAll => &counted,
+            Strategy::KeepLast(keep) => &counted[..counted.len().saturating_sub(keep)],
+        };
+        if replace.is_empty() {
+            log_line(already);
+            return Ok(Output::unchanged(history));
+        }
+
+        // Arguments cleared per assistant message: (assistant index) -> call ids, and the
+        // tokens each replaced result saves, its cleared arguments included.
+        let placeholder_tokens = ctx.tokens.text(tokenizer, &self.placeholder) as i64;
+        let empty_args_tokens = ctx.tokens.text(tokenizer, "{}") as i64;
+        let mut cleared: HashMap<usize, Vec<&str>> = HashMap::new();
+        let mut savings: Vec<i64> = Vec::with_capacity(replace.len());
+        for &index in replace {
+            let message = &history[index];
+            let mut saved = ctx.tokens.content(tokenizer, message) as i64 - placeholder_tokens;
+            if self.clear_tool_inputs {
+                if let (Some(call), Some(id)) = (answers[index], message.call_id()) {
+                    for tool_call in history[call].tool_calls.iter().filter(|c| c.id.as_str() == id) {
+                        // Already "{}": nothing to clear, nothing saved (keeps a second run a no-op).
+                        if tool_call.arguments.as_str() != "{}" {
+                            saved +=
+                                ctx.tokens.text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
+                        }
+                    }
+                    cleared.entry(call).or_default().push(id);
+                }
+            }
+            savings.push(saved);
+        }
+        let total_saved: i64 = savings.iter().sum();
+        if total_saved < i64::try_from(self.clear_at_least).unwrap_or(i64::MAX) {
+            ctx.log.info(&format!(
+                "tool_result_filter: replacing {} results would save {total_saved} tokens, less than clear_at_least {}; nothing replaced",
+                replace.len(),
+                self.clear_at_least
+            ));
+            log_line(already);
+            return Ok(Output::unchanged(history));
+        }
+
+        let mut out: Vec<RArc<Message>> = history.to_vec();
+        let mut events = Vec::with_capacity(replace.len());
+        let reason = format!(
+            "tool result replaced with a placeholder (strategy {})",
+            self.describe_strategy()
+        );
+        for (&index, &saved) in replace.iter().zip(&savings) {
+            out[index] = RArc::new(self.placeholder_for(&history[index], saved));
+            events.push(
+                Event::new(EventKind::MessageOmitted, ctx.turn, reason.as_str())
+                    .at(index, &history[index])
+                    .saving(saved),
+            );
+        }
+        // The calls' arguments live on the assistant message: change a copy of it, once,
+        // however many of its results were replaced.
+        let mut calls: Vec<(usize, Vec<&str>)> = cleared.into_iter().collect();
+        calls.sort_unstable_by_key(|(index, _)| *index);
+        for (index, ids) in calls {
+            let original = &history[index];
+            let needs_change = original
+                .tool_calls
+                .iter()
+                .any(|c| ids.contains(&c.id.as_str()) && c.arguments.as_str() != "{}");
+            if !needs_change {
+                continue;
+            }
+            let mut copy = (**original).clone();
+            for call in copy.tool_calls.iter_mut() {
+                if ids.contains(&call.id.as_str()) && call.arguments.as_str() != "{}" {
+                    call.arguments = "{}".into();
+                    call.arguments_is_json = false;
+                }
+            }
+            out[index] = RArc::new(copy);
+        }
+        log_line(already + replace.len());
+        Ok(Output::new(out, events))
+    }
+}
+
+plugin_api::export_plugin!(ToolResultFilter);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::testing::{context, load_context};
+    use plugin_api::wire::{history_from_str, history_to_string};
+
+    fn run(config: &str, history: &str) -> String {
+        let plugin = ToolResultFilter::new(&load_context(config)).unwrap();
+        let history = history_from_str(history).unwrap();
+        let output = plugin.process(&history, &context(200, 1)).unwrap();
+        history_to_string(&output.history)
+    }
+
+    #[test]
+    fn bad_config_names_the_key() {
+        let err = |config: &str| {
+            ToolResultFilter::new(&load_context(config))
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        assert!(err(r#"{"strategy":"some"}"#).starts_with("strategy:"));
+        assert!(err(r#"{"keep":-1}"#).starts_with("keep:"));
+        assert!(ToolResultFilter::new(&load_context(r#"{"strategy":"drop_all","keep":2}"#)).is_ok());
+        assert!(err(r#"{"exclude_tools":"x"}"#).starts_with("exclude_tools:"));
+        assert!(err(r#"{"kep":2}"#).starts_with("kep: unknown key"));
+    }
+
+    #[test]
+    fn drop_all_replaces_and_keeps_the_original() {
+        let out = run(
+            r#"{"strategy":"drop_all"}"#,
+            r#"[{"role":"user","content":"u"},
+                {"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},
+                {"role":"tool","tool_call_id":"c","content":"a long result"}]"#,
+        );
+        assert!(
+            out.contains(r#""content":"[Omitted]","tool_call_id":"c""#),
+            "{out}"
+        );
+        assert!(out.contains(r#""can_expand":true,"omitted":true"#), "{out}");
+        assert!(out.contains(r#""original_content":"a long result""#), "{out}");
+    }
+}
