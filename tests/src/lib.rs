@@ -5,6 +5,8 @@
 //! The plugins must have been built and installed first: `cargo xtask test` does it
 //! (`cargo xtask build` + `cargo test --workspace`).
 
+pub mod histories;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
