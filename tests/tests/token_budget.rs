@@ -437,3 +437,86 @@ max_tokens = 3000
         assert!(!out.history.is_empty(), "{name}");
     }
 }
+
+/// SPEC §5.2: with `pin_first_user = false`, no target and the same counter, the
+/// selection is LangChain's `trim_messages(strategy="last", start_on="human",
+/// include_system=True, allow_partial=False)`, except where the spec deliberately differs.
+/// The LangChain selections were computed by `tests/langchain/make_trim_fixtures.py`
+/// (langchain-core) and committed; each case is asserted as the spec says.
+#[test]
+fn langchain_trim_messages_agrees_except_where_the_spec_differs() {
+    let path = e2e_tests::workspace_root().join("tests/langchain/trim_fixtures.json");
+    let fixtures = json(&std::fs::read_to_string(&path).unwrap());
+    assert_eq!(fixtures["tokenizer"], "chars4");
+    assert_eq!(fixtures["per_message_tokens"], 3);
+    let cases = fixtures["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    let indices = |value: &serde_json::Value| -> Vec<usize> {
+        value
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap() as usize)
+            .collect()
+    };
+    let (mut agree, mut fits_differ, mut systems_differ, mut never_empty) = (0, 0, 0, 0);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let history = case["history"].as_array().unwrap();
+        let input = case["history"].to_string();
+        let budget = case["max_tokens"].as_u64().unwrap();
+        // The same counter on both sides: the host's chars4 total equals the script's.
+        let parsed = plugin_api::wire::history_from_str(&input).unwrap();
+        let total: u64 = parsed
+            .iter()
+            .map(|m| history_host::tokens::message_tokens(Tokenizer::Chars4, m, 3))
+            .sum();
+        assert_eq!(
+            total,
+            case["total_tokens"].as_u64().unwrap(),
+            "{name}: counters differ"
+        );
+
+        let config = config(&format!("max_tokens = {budget}\npin_first_user = false"));
+        let out = run(&config, &input);
+        let got = kept(&input, &out);
+        let all: Vec<usize> = (0..history.len()).collect();
+        let lead = history.iter().take_while(|m| m["role"] == "system").count();
+        let langchain = indices(&case["langchain"]);
+
+        if total <= budget {
+            // Deliberate difference: a history that fits is returned unchanged (LangChain
+            // still applies start_on, and drops a second system message).
+            assert_eq!(got, all, "{name}: fits, must be unchanged");
+            assert!(out.stages[1].events.is_empty(), "{name}");
+            fits_differ += usize::from(langchain != all);
+            continue;
+        }
+        // Deliberate difference: every leading system message is pinned. LangChain on the
+        // history with the leading systems as one pinned block is the spec's selection.
+        let expected = if lead >= 2 {
+            let block = indices(&case["langchain_system_block"]);
+            systems_differ += usize::from(block != langchain);
+            block
+        } else {
+            langchain
+        };
+        if expected.iter().all(|&i| i < lead) {
+            // Deliberate difference: never empty. Nothing that fits starts with a user
+            // message: keep everything from the last user message on, over budget.
+            let last_user = history.iter().rposition(|m| m["role"] == "user").unwrap();
+            let spec: Vec<usize> = (0..lead).chain(last_user..history.len()).collect();
+            assert_eq!(got, spec, "{name}: never empty");
+            assert_eq!(events(&out, EventKind::OverBudget), 1, "{name}");
+            never_empty += 1;
+        } else {
+            assert_eq!(got, expected, "{name}: differs from LangChain");
+            assert_eq!(events(&out, EventKind::OverBudget), 0, "{name}");
+            agree += 1;
+        }
+    }
+    eprintln!("agree {agree}, fits {fits_differ}, systems {systems_differ}, never-empty {never_empty}");
+    // The fixtures cover every case, so none of the branches above is dead.
+    assert!(agree >= 10, "{agree} plain agreements");
+    assert!(fits_differ >= 1 && systems_differ >= 1 && never_empty >= 1);
+}
