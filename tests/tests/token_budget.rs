@@ -520,3 +520,103 @@ fn langchain_trim_messages_agrees_except_where_the_spec_differs() {
     assert!(agree >= 10, "{agree} plain agreements");
     assert!(fits_differ >= 1 && systems_differ >= 1 && never_empty >= 1);
 }
+
+/// One message of exactly 10 chars4 tokens (3 + 28 characters / 4), unique by `n`.
+fn ten(role: &str, n: usize) -> String {
+    format!(
+        r#"{{"role":"{role}","content":"{:<28}"}}"#,
+        format!("message {n}")
+    )
+}
+
+/// SPEC §5.2, cache-stable trimming: with B = 200 and T = 120 (S = 80) and a history
+/// growing by 20 tokens a turn, the cut point moves only when the history has grown by
+/// another S, both for an agent that resends its full transcript and for one that resends
+/// the previous output plus the new messages. Without a target it moves every turn.
+#[test]
+fn target_tokens_keeps_the_cut_point_stable_for_many_turns() {
+    const B: u64 = 200;
+    const S: u64 = 80;
+    let quantized = config("max_tokens = 200\ntarget_tokens = 120");
+    let plain = config("max_tokens = 200");
+    let pinned = [
+        format!(r#"{{"role":"system","content":"{:<28}"}}"#, "system"),
+        ten("user", 0),
+    ];
+    let turns = 40;
+    // Each turn adds a user and an assistant message: 20 tokens.
+    let new_messages = |turn: usize| vec![ten("user", 2 * turn + 1), ten("assistant", 2 * turn + 2)];
+
+    // 1. The full transcript every turn.
+    let mut transcript: Vec<String> = pinned.to_vec();
+    let mut previous_output: Option<Vec<serde_json::Value>> = None;
+    let mut plain_moves = 0;
+    let mut previous_plain_cut = None;
+    let mut moves = 0;
+    for turn in 0..turns {
+        transcript.extend(new_messages(turn));
+        let input = history(&transcript);
+        let total = 10 * transcript.len() as u64;
+        let out = run(&quantized, &input);
+        let got = kept(&input, &out);
+        // The cut: the first kept message after the pinned system message and task.
+        let cut = got.get(2).copied().unwrap_or(transcript.len());
+        let expected_cut = if total <= B {
+            2
+        } else {
+            // Drop the shortest prefix of 10-token units worth at least S·⌈(total − B)/S⌉.
+            let must_drop = (total - B).div_ceil(S) * S;
+            2 + (must_drop / 10) as usize
+        };
+        assert_eq!(cut, expected_cut, "turn {turn}: total {total}");
+        let output = run_json(&out).as_array().unwrap().clone();
+        if let Some(previous) = &previous_output {
+            // The cache survives exactly when the previous output is a prefix of this one.
+            let prefix_kept = output.starts_with(previous);
+            let moved = output[2] != previous[2];
+            assert_eq!(prefix_kept, !moved, "turn {turn}");
+            moves += usize::from(moved);
+        }
+        previous_output = Some(output);
+
+        let plain_cut = kept(&input, &run(&plain, &input)).get(2).copied();
+        if previous_plain_cut.is_some() && plain_cut != previous_plain_cut {
+            plain_moves += 1;
+        }
+        previous_plain_cut = plain_cut;
+    }
+    // 40 turns add 800 tokens; the history first exceeds B at turn 9, and after that the
+    // cut moves once per S = 80 tokens (4 turns), while the plain cut moves every turn.
+    let over_turns = (0..turns).filter(|t| 20 + 20 * (*t as u64 + 1) > B).count();
+    assert_eq!(moves, (over_turns as u64 * 20).div_ceil(S) as usize);
+    assert_eq!(plain_moves, over_turns);
+    assert!(moves * 3 < plain_moves, "{moves} vs {plain_moves}");
+
+    // 2. The previous output plus the new messages.
+    let mut sent: Vec<String> = pinned.to_vec();
+    let mut cuts = Vec::new();
+    for turn in 0..turns {
+        sent.extend(new_messages(turn));
+        let input = history(&sent);
+        let total = 10 * sent.len() as u64;
+        let out = run(&quantized, &input);
+        let output = run_json(&out).as_array().unwrap().clone();
+        let input_json = json(&input).as_array().unwrap().clone();
+        if total <= B {
+            assert_eq!(output, input_json, "turn {turn}: fits, unchanged");
+        } else {
+            // Over B: a whole step or more is dropped, leaving at most T + one turn.
+            let dropped = (total - B).div_ceil(S) * S;
+            assert_eq!(10 * output.len() as u64, total - dropped, "turn {turn}");
+            assert!(10 * output.len() as u64 <= 120 + 20, "turn {turn}");
+            cuts.push(turn);
+        }
+        sent = output.iter().map(|m| m.to_string()).collect();
+    }
+    // Between two cuts the output only grows (the cached prefix survives): the history
+    // must grow by S again before the next cut, 4 turns of 20 tokens.
+    assert!(cuts.len() >= 5, "{cuts:?}");
+    for pair in cuts.windows(2) {
+        assert_eq!(pair[1] - pair[0], (S / 20) as usize, "{cuts:?}");
+    }
+}
