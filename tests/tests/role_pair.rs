@@ -389,3 +389,46 @@ fn bad_config_is_refused_naming_the_key() {
         }
     }
 }
+
+/// The real binary with the chain `default, token_budget, role_pair`: the budget cuts to
+/// the pinned task and a kept user message, which role_pair merges; `--explain` names
+/// what each plugin did.
+#[test]
+fn process_runs_token_budget_then_role_pair() {
+    let config = TestConfig::new(
+        r#"
+[history]
+chain = ["default", "token_budget", "role_pair"]
+on_plugin_error = "fail"
+[models.small]
+context_tokens = 100000
+tokenizer = "chars4"
+[plugin.token_budget]
+max_tokens = 14
+"#,
+    );
+    // chars4 + 3 per message: every message here costs 4 tokens. The pinned system
+    // message and task take 8 of 14; the 6 left hold only the newest message, u3, which
+    // then sits beside the task: role_pair merges the two.
+    let input = r#"{"model":"small","messages":[{"role":"system","content":"s"},{"role":"user","content":"task"},
+        {"role":"assistant","content":"a1"},{"role":"user","content":"u2"},{"role":"assistant","content":"a2"},
+        {"role":"user","content":"u3"}]}"#;
+    let output = config.process(&["--explain"], input);
+    assert!(output.status.success(), "{}", e2e_tests::describe(&output));
+    assert_eq!(
+        json(&String::from_utf8_lossy(&output.stdout)),
+        json(
+            r#"[{"role":"system","content":"s"},
+                {"role":"user","content":[{"type":"text","text":"task"},{"type":"text","text":"u3"}]}]"#
+        )
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("token_budget") && stderr.contains("message-removed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("role_pair") && stderr.contains("message-merged"),
+        "{stderr}"
+    );
+}
