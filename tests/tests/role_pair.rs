@@ -91,6 +91,11 @@ fn step1_orphan_results_are_dropped_and_the_first_of_two_results_is_kept() {
         ),
     );
     assert_eq!(events(&out, EventKind::MessageRemoved), vec![3, 4]);
+    // Removals say what they saved (model gpt-4o: o200k_base, 3 per message).
+    for event in &out.stages[1].events {
+        let saved = event.tokens_saved.into_option().unwrap();
+        assert!(saved > 3, "{event:?}");
+    }
 }
 
 #[test]

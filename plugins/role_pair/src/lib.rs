@@ -24,6 +24,9 @@ use plugin_api::{
     Output, Part, RArc, ROption, RVec, Role,
 };
 
+/// SPEC §5.2's per-message overhead, used for the tokens saved by a removal.
+const PER_MESSAGE_TOKENS: u64 = 3;
+
 /// The placeholder content of a result made for a call that had none.
 pub const DEFAULT_PLACEHOLDER: &str = "[Omitted]";
 
@@ -64,6 +67,7 @@ struct Repair<'a> {
     nodes: Vec<Node>,
     events: Vec<Event>,
     plugin: &'a RolePair,
+    ctx: &'a Context,
     turn: u64,
 }
 
@@ -74,8 +78,17 @@ impl Repair<'_> {
     }
 
     fn removed(&mut self, node: &Node, reason: String) {
-        self.events
-            .push(Event::new(EventKind::MessageRemoved, self.turn, reason).at(node.index, &node.message));
+        // What the removal saved, with the model's tokenizer and SPEC §5.2's default
+        // overhead (counts are memoized on the message, so this costs nothing twice).
+        let saved = self
+            .ctx
+            .tokens
+            .message(self.ctx.model.tokenizer, &node.message, PER_MESSAGE_TOKENS);
+        self.events.push(
+            Event::new(EventKind::MessageRemoved, self.turn, reason)
+                .at(node.index, &node.message)
+                .saving(i64::try_from(saved).unwrap_or(i64::MAX)),
+        );
     }
 
     /// Step 1: orphan results and second results for one call are dropped.
@@ -341,6 +354,7 @@ impl RolePair {
                 .collect(),
             events: Vec::new(),
             plugin: self,
+            ctx,
             turn: ctx.turn,
         };
         // Each pass either changes nothing (done) or removes messages, merges them, or
