@@ -18,6 +18,9 @@
 //! test can tell which input message (or part) an output message came from.
 //!
 //! The output is always valid input (SPEC §2.1.1); structural faults are intended.
+//! `turn_added` values are 1–5, and a history may have fewer user messages than that: a
+//! test whose plugin depends on message ages should pass an explicit `turn` (SPEC §2.3: a
+//! caller sending `turn_added` must also send `turn`).
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
