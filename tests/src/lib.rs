@@ -6,6 +6,7 @@
 //! (`cargo xtask build` + `cargo test --workspace`).
 
 pub mod fixtures;
+pub mod histories;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,8 +14,6 @@ use std::process::{Command, Output, Stdio};
 
 use history_host::chain::stateless_context;
 use history_host::{load_chain, Call, ChainRun, PluginFailure};
-
-pub mod histories;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

@@ -82,14 +82,23 @@ pub fn plan(history: &[RArc<Message>], costs: &[u64], pins: Pins, window: Window
     let starts_with_user = |u: &Unit| history[u.members[0]].role == Role::User;
     let preceded_by_pinned_user = |u: &Unit| pinned_user.is_some_and(|p| p < u.members[0]);
 
-    let mut first_kept = first_unit_that_fits(&units, window, total, pinned_cost);
     // Start rule: something was dropped, so the kept suffix must start with a user
     // message unless the pinned user message precedes it.
-    while first_kept < units.len()
-        && !starts_with_user(&units[first_kept])
-        && !preceded_by_pinned_user(&units[first_kept])
-    {
-        first_kept += 1;
+    let start_rule = |mut first: usize| {
+        while first < units.len()
+            && !starts_with_user(&units[first])
+            && !preceded_by_pinned_user(&units[first])
+        {
+            first += 1;
+        }
+        first
+    };
+    let mut first_kept = start_rule(first_unit_that_fits(&units, window, total, pinned_cost));
+    if first_kept == units.len() && quantized(window) {
+        // The quantized threshold can exceed everything droppable (a large newest unit):
+        // then the plain cut, if one fits and starts validly, is the right answer rather
+        // than an over-budget result that would keep less (or more) than fits.
+        first_kept = start_rule(plain_cut(&units, window.budget, pinned_cost));
     }
 
     let mut over_budget = false;
@@ -132,6 +141,13 @@ fn pinned_messages(history: &[RArc<Message>], pins: Pins) -> Vec<bool> {
     pinned
 }
 
+fn quantized(window: Window) -> bool {
+    window.budget > 0
+        && window
+            .target
+            .is_some_and(|target| i64::try_from(target).is_ok_and(|t| t < window.budget))
+}
+
 /// Index of the first kept unit before the start rule: the plain cut (longest suffix that
 /// fits what the pinned messages leave) or, with a valid target, the quantized one.
 fn first_unit_that_fits(units: &[Unit], window: Window, total: u64, pinned_cost: u64) -> usize {
@@ -140,7 +156,7 @@ fn first_unit_that_fits(units: &[Unit], window: Window, total: u64, pinned_cost:
         return units.len();
     }
     match window.target {
-        Some(target) if (target as i64) < budget => {
+        Some(target) if quantized(window) => {
             // Drop the shortest unit prefix costing at least S·⌈(total − B) / S⌉.
             let step = (budget - target as i64) as u64;
             let over = total - budget as u64;
@@ -154,20 +170,26 @@ fn first_unit_that_fits(units: &[Unit], window: Window, total: u64, pinned_cost:
             }
             units.len()
         }
-        _ => {
-            let Some(room) = (budget as u64).checked_sub(pinned_cost) else {
-                return units.len();
-            };
-            let mut used = 0u64;
-            for (index, unit) in units.iter().enumerate().rev() {
-                used += unit.cost;
-                if used > room {
-                    return index + 1;
-                }
-            }
-            0
+        _ => plain_cut(units, budget, pinned_cost),
+    }
+}
+
+/// The longest suffix of units that fits what the pinned messages leave of `budget`.
+fn plain_cut(units: &[Unit], budget: i64, pinned_cost: u64) -> usize {
+    let Some(room) = u64::try_from(budget)
+        .ok()
+        .and_then(|b| b.checked_sub(pinned_cost))
+    else {
+        return units.len();
+    };
+    let mut used = 0u64;
+    for (index, unit) in units.iter().enumerate().rev() {
+        used += unit.cost;
+        if used > room {
+            return index + 1;
         }
     }
+    0
 }
 
 /// Builds the plugin output of a plan: kept messages shared, a `message-removed` event per
@@ -193,4 +215,61 @@ pub fn apply(history: &[RArc<Message>], plan: Option<Plan>, ctx: &Context, why: 
         ));
     }
     Output::new(kept, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::wire::history_from_str;
+
+    fn history(n_pairs: usize) -> Vec<RArc<Message>> {
+        let mut items = vec![r#"{"role":"system","content":"s"}"#.to_string()];
+        for i in 0..n_pairs {
+            items.push(format!(r#"{{"role":"user","content":"u{i}"}}"#));
+            items.push(format!(r#"{{"role":"assistant","content":"a{i}"}}"#));
+        }
+        history_from_str(&format!("[{}]", items.join(","))).unwrap()
+    }
+
+    #[test]
+    fn quantized_cut_that_would_drop_everything_falls_back_to_the_plain_cut() {
+        // system(10), u0(10), a0(10), u1(10), a1(60): total 100, B = 90, T = 10, S = 80.
+        // The quantized threshold is 80, but only 30 tokens precede the newest unit: the
+        // literal rule would drop every unit and fall to never-empty with over-budget,
+        // although dropping u0..a0 (20) fits (system 10 + u1 10 + a1 60 = 80 ≤ 90).
+        let history = history(2);
+        let costs = [10, 10, 10, 10, 60];
+        let pins = Pins {
+            system: true,
+            first_user: false,
+        };
+        let window = Window {
+            budget: 90,
+            target: Some(10),
+            count_pinned: true,
+        };
+        let plan = plan(&history, &costs, pins, window).unwrap();
+        assert_eq!(plan.keep, vec![true, false, false, true, true]);
+        assert!(!plan.over_budget);
+    }
+
+    #[test]
+    fn quantized_cut_drops_whole_steps() {
+        // 1 system + 6 pairs at 10 each = 130; B = 100, T = 60, S = 40:
+        // over = 30 → drop ≥ 40 → u0 a0 u1 a1 (40) dropped.
+        let history = history(6);
+        let costs = vec![10; history.len()];
+        let pins = Pins {
+            system: true,
+            first_user: false,
+        };
+        let window = Window {
+            budget: 100,
+            target: Some(60),
+            count_pinned: true,
+        };
+        let plan = plan(&history, &costs, pins, window).unwrap();
+        let kept: Vec<usize> = (0..history.len()).filter(|&i| plan.keep[i]).collect();
+        assert_eq!(kept, vec![0, 5, 6, 7, 8, 9, 10, 11, 12]);
+    }
 }
