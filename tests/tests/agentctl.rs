@@ -819,21 +819,34 @@ fn edits_of_the_shipped_configuration_touch_only_their_line() {
     let shipped = std::fs::read_to_string(workspace_root().join("plugins-enabled.toml")).unwrap();
     let dir_line = "plugin_dir = \"target/plugins\"\n";
     assert!(shipped.contains(dir_line), "the shipped file changed");
-    let op = Operator::new(&shipped.replace(dir_line, "plugin_dir = \"@DIR@\"\n"));
+    // The shipped chain needs every shipped plugin; the fixtures come on top.
+    let plugins = tempfile::tempdir().unwrap();
+    for dir in [plugin_dir(), fixture_plugins().to_path_buf()] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, plugins.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let op = Operator::new(&shipped.replace(
+        dir_line,
+        &format!("plugin_dir = {:?}\n", plugins.path().display().to_string()),
+    ));
+    let chain =
+        "chain = [\"default\", \"tool_result_filter\", \"retention\", \"token_budget\", \"role_pair\"]\n";
     let text = op.edit(&["history-chain-add", "fixture_a"]);
     assert_eq!(
         text,
         op.expected(
-            "chain = [\"default\"]\n",
-            "chain = [\"default\", \"fixture_a\"]\n"
+            chain,
+            "chain = [\"default\", \"tool_result_filter\", \"retention\", \"token_budget\", \"role_pair\", \"fixture_a\"]\n"
         )
     );
     let text = op.edit(&["history-chain-add", "fixture_b", "--at", "1"]);
     assert_eq!(
         text,
         op.expected(
-            "chain = [\"default\"]\n",
-            "chain = [\"default\", \"fixture_b\", \"fixture_a\"]\n"
+            chain,
+            "chain = [\"default\", \"fixture_b\", \"tool_result_filter\", \"retention\", \"token_budget\", \"role_pair\", \"fixture_a\"]\n"
         )
     );
     op.edit(&["history-chain-move", "fixture_b", "2"]);

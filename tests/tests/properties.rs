@@ -1,4 +1,4 @@
-//! Properties of `token_budget` and `role_pair` over generated histories
+//! Properties of `token_budget`, `role_pair` and the full shipped chain over generated histories
 //! ([`e2e_tests::histories::history`]), through the real libraries with
 //! `on_plugin_error = "fail"`, so every run also passes the host's output check (§4.3:
 //! valid shape, no new structural faults, nothing invented).
@@ -298,6 +298,27 @@ proptest! {
             return Err(TestCaseError::fail(format!("{violation}\noutput: {}", Value::Array(output.clone()))));
         }
         prop_assert!(out.stages.iter().all(|s| s.skipped.is_none()));
+    }
+
+    #[test]
+    fn the_full_shipped_chain_gives_a_valid_history(
+        input in history(),
+        (_budget, table) in budget_table(),
+        keep in 0u64..4,
+    ) {
+        let tables = format!("{table}\n[plugin.tool_result_filter]\nkeep = {keep}\n");
+        let config = config(
+            r#""default", "tool_result_filter", "retention", "token_budget", "role_pair""#,
+            &tables,
+        );
+        let out = run(&config, &input)?;
+        let output = array(run_json(&out));
+        if let Some(violation) = strict_violation(&output) {
+            return Err(TestCaseError::fail(format!("{violation}\noutput: {}", Value::Array(output.clone()))));
+        }
+        prop_assert!(out.stages.iter().all(|s| s.skipped.is_none()));
+        let filter = out.stages.iter().find(|s| s.plugin == "tool_result_filter").unwrap();
+        prop_assert_eq!(filter.messages_in, filter.messages_out);
     }
 }
 
