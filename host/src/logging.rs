@@ -54,3 +54,17 @@ pub fn init_cli_logging_at(default_filter: &str) {
         .with_target(false)
         .try_init();
 }
+
+/// Makes a panic (a bug) end in one line on stderr, `PROGRAM: internal error: …`, never a
+/// backtrace: what every binary of the host promises its users.
+pub fn one_line_panics(program: &'static str) {
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("{program}: internal error: {message}");
+    }));
+}

@@ -30,6 +30,27 @@ pub fn answered_calls(history: &[RArc<Message>]) -> Vec<Option<usize>> {
         .collect()
 }
 
+/// The tool name of the result at `index` (SPEC §5.4): the `function.name` of the call it
+/// answers (`answers` from [`answered_calls`]), else the message's own `name`. An empty
+/// `function.name` means the call did not name one.
+pub fn tool_name<'a>(
+    history: &'a [RArc<Message>],
+    answers: &[Option<usize>],
+    index: usize,
+) -> Option<&'a str> {
+    let message = &history[index];
+    let from_call = answers[index].and_then(|call| {
+        let id = message.call_id()?;
+        history[call]
+            .tool_calls
+            .iter()
+            .find(|c| c.id.as_str() == id)
+            .map(|c| c.name.as_str())
+            .filter(|name| !name.is_empty())
+    });
+    from_call.or_else(|| message.name.as_ref().into_option().map(|s| s.as_str()))
+}
+
 /// Number of leading `system`/`developer` messages.
 pub fn leading_system_count(history: &[RArc<Message>]) -> usize {
     history

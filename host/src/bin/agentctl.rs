@@ -78,16 +78,7 @@ enum Command {
 struct Failure(String);
 
 fn main() -> ExitCode {
-    // A bug must still end in one line, never a backtrace.
-    std::panic::set_hook(Box::new(|info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        eprintln!("agentctl: internal error: {message}");
-    }));
+    logging::one_line_panics("agentctl");
     logging::init_cli_logging_at("error");
     let cli = Cli::parse();
     let json = cli.json;

@@ -61,16 +61,7 @@ fn bad_input(message: String) -> Failure {
 }
 
 fn main() -> ExitCode {
-    // A bug must still end in one line, never a backtrace.
-    std::panic::set_hook(Box::new(|info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        eprintln!("history-host: internal error: {message}");
-    }));
+    logging::one_line_panics("history-host");
     logging::init_cli_logging();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use plugin_api::structure::answered_calls;
+use plugin_api::structure::{answered_calls, tool_name};
 use plugin_api::{
     CompactMode, ConfigError, ConfigTable, Content, Context, Event, EventKind, Expiration, ExpirationMode,
     HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
@@ -81,22 +81,6 @@ pub struct Retention {
     /// `[plugin.retention.override]`.
     overrides: Settings,
     disable_expiration: bool,
-}
-
-/// The tool name of the result at `index`: its call's `function.name`, else the message's
-/// own `name` (the same rule as `tool_result_filter`, §5.4).
-fn tool_name<'a>(history: &'a [RArc<Message>], answers: &[Option<usize>], index: usize) -> Option<&'a str> {
-    let message = &history[index];
-    let from_call = answers[index].and_then(|call| {
-        let id = message.call_id()?;
-        history[call]
-            .tool_calls
-            .iter()
-            .find(|c| c.id.as_str() == id)
-            .map(|c| c.name.as_str())
-            .filter(|name| !name.is_empty())
-    });
-    from_call.or_else(|| message.name.as_ref().into_option().map(|s| s.as_str()))
 }
 
 /// Content tokens of a message with the model's tokenizer (cached on the message).

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use plugin_api::structure::answered_calls;
+use plugin_api::structure::{answered_calls, tool_name};
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
     Output, RArc, ROption,
@@ -34,22 +34,6 @@ pub struct ToolResultFilter {
     clear_at_least: u64,
     clear_tool_inputs: bool,
     preserve_original: bool,
-}
-
-/// The tool name of the result at `index` (§5.4): its call's `function.name`, else the
-/// message's own `name`. An empty `function.name` means the call did not name one.
-fn tool_name<'a>(history: &'a [RArc<Message>], answers: &[Option<usize>], index: usize) -> Option<&'a str> {
-    let message = &history[index];
-    let from_call = answers[index].and_then(|call| {
-        let id = message.call_id()?;
-        history[call]
-            .tool_calls
-            .iter()
-            .find(|c| c.id.as_str() == id)
-            .map(|c| c.name.as_str())
-            .filter(|name| !name.is_empty())
-    });
-    from_call.or_else(|| message.name.as_ref().into_option().map(|s| s.as_str()))
 }
 
 impl ToolResultFilter {
