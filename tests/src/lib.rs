@@ -155,6 +155,24 @@ impl TestConfig {
     }
 }
 
+impl TestConfig {
+    /// Like [`TestConfig::run`], with the previous turn's output (JSON text) to compare
+    /// against: the run reports `prefix_kept` (SPEC §5.2).
+    pub fn run_after(
+        &self,
+        model: &str,
+        history_json: &str,
+        previous_json: &str,
+    ) -> Result<ChainRun, PluginFailure> {
+        let (config, _catalog, chain) = load_chain(&self.path).unwrap_or_else(|e| panic!("{e}"));
+        let history = plugin_api::wire::history_from_str(history_json).unwrap();
+        let previous = plugin_api::wire::history_from_str(previous_json).unwrap();
+        let turn = history_host::turns::current_turn(&history, None);
+        let ctx = stateless_context(&config, config.model(model), turn);
+        chain.run_compared(history, &ctx, Call::Process, Some(&previous))
+    }
+}
+
 /// Runs a command with `stdin`, collecting its output.
 pub fn run_with_stdin(mut command: Command, stdin: &str) -> Output {
     let mut child = command

@@ -575,6 +575,19 @@ fn target_tokens_keeps_the_cut_point_stable_for_many_turns() {
             let prefix_kept = output.starts_with(previous);
             let moved = output[2] != previous[2];
             assert_eq!(prefix_kept, !moved, "turn {turn}");
+            // The host's own report agrees: the whole previous output is kept, byte for
+            // byte, exactly on the turns the cut did not move.
+            let previous_text = serde_json::Value::Array(previous.clone()).to_string();
+            let compared = quantized.run_after("m", &input, &previous_text).unwrap();
+            let reported = compared.prefix_kept.unwrap();
+            if moved {
+                assert!(
+                    reported <= 2,
+                    "turn {turn}: the cut moved right after the pinned messages"
+                );
+            } else {
+                assert_eq!(reported, previous.len(), "turn {turn}");
+            }
             moves += usize::from(moved);
         }
         previous_output = Some(output);
