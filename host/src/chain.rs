@@ -136,6 +136,42 @@ impl Chain {
         })
     }
 
+    /// `copies` instances of plugin `name` in a row. This bypasses the configuration's
+    /// chain rules (`default` first, no name twice) and exists for measuring only:
+    /// `cargo xtask bench` runs a pass-through fixture through this same [`Chain::run`],
+    /// as many stages as the real chain has, to get the floor its figures are divided by.
+    pub fn repeated(
+        config: &Config,
+        catalog: &Catalog,
+        name: &str,
+        copies: usize,
+    ) -> Result<Chain, ConfigError> {
+        let mut stages = Vec::with_capacity(copies);
+        for _ in 0..copies {
+            let (Some(library), Some(instance)) =
+                (catalog.plugins.get(name), instantiate(config, catalog, name)?)
+            else {
+                return Err(config.error(
+                    None,
+                    format!(
+                        "plugin \"{name}\" is not available in {} (available: {})",
+                        config.plugin_dir.display(),
+                        available(catalog)
+                    ),
+                ));
+            };
+            stages.push(Stage {
+                name: name.to_string(),
+                version: library.version.clone(),
+                instance,
+            });
+        }
+        Ok(Chain {
+            stages,
+            on_error: config.on_plugin_error,
+        })
+    }
+
     /// The chain's plugin names, in order.
     pub fn names(&self) -> Vec<&str> {
         self.stages.iter().map(|s| s.name.as_str()).collect()
