@@ -217,13 +217,18 @@ fn replay(bench: &Bench, history: &[Value]) -> Result<Replay> {
     for (index, new_messages) in turns.into_iter().enumerate() {
         let turn = index as u64 + 1;
         let started = Instant::now();
-        let mut input = previous;
-        input.reserve(new_messages.len());
-        for mut message in new_messages {
+        let mut new_messages = new_messages;
+        for message in &mut new_messages {
             // Not shared yet: stamped in place, as the session stamps what enters.
-            RArc::make_mut(&mut message).meta_mut().turn_added = ROption::RSome(turn);
-            input.push(message);
+            RArc::make_mut(message).meta_mut().turn_added = ROption::RSome(turn);
         }
+        // The host's identities and turns for what enters (what Chain::run would derive
+        // for them), set while the messages are not shared yet: the copy of the input
+        // kept for the floor below would otherwise make the host copy each new message.
+        turns::assign_origins(&mut new_messages);
+        turns::derive_turns(&mut new_messages, turn);
+        let mut input = previous;
+        input.append(&mut new_messages);
         let appended = started.elapsed();
         inputs.push(input.clone());
         let ctx = stateless_context(&bench.config, bench.model.clone(), turn);
