@@ -7,7 +7,7 @@ use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
 };
 
-use crate::check::{check_output, is_passthrough};
+use crate::check::{check_faults, check_output, is_passthrough, is_selection};
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::loader::Catalog;
 use crate::{logging, tokens, turns};
@@ -207,8 +207,14 @@ impl Chain {
                 if is_passthrough(&history, &output.history) {
                     return Ok((output, faults));
                 }
-                let output_faults = check_output(&history, faults, &output.history)
-                    .map_err(|e| format!("invalid output: {e}"))?;
+                // Identities are unique here (assign_origins above), so a plain selection
+                // needs only the structural check, not the full one that hashes the input.
+                let output_faults = if is_selection(&history, &output.history) {
+                    check_faults(&output.history, faults)
+                } else {
+                    check_output(&history, faults, &output.history)
+                }
+                .map_err(|e| format!("invalid output: {e}"))?;
                 Ok((output, output_faults.count()))
             });
             let elapsed = started.elapsed();
