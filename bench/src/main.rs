@@ -52,7 +52,7 @@ const REPLAY_TURNS: usize = 1_000;
 /// Messages of the single-call history.
 const SINGLE_MESSAGES: usize = 10_000;
 /// Warm calls of the single-call measurement.
-const WARM_CALLS: usize = 21;
+const WARM_CALLS: usize = 51;
 /// The window of the bench configuration: the shipped defaults (`plugins-enabled.toml`).
 const AGENT_MAX_CTX: u64 = 200;
 const CONTEXT_TOKENS: u64 = 128_000;
@@ -294,35 +294,50 @@ fn single_history(values: &[Value]) -> Result<(Vec<RArc<Message>>, u64)> {
     Ok((history, turn))
 }
 
-/// Cold call (counts not remembered) then warm calls on one history; per stage medians.
+/// Cold call (counts not remembered) then the median of warm calls, per stage too.
 struct Single {
     cold: Call1,
     warm: Duration,
     warm_stages: Vec<(String, Duration)>,
 }
 
-fn single(bench: &Bench, chain: &Chain, values: &[Value]) -> Result<Single> {
-    let (history, turn) = single_history(values)?;
-    let cold = call_once(bench, chain, &history, turn)?;
-    let mut totals = Vec::with_capacity(WARM_CALLS);
-    let mut per_stage: Vec<Vec<Duration>> = vec![Vec::new(); chain.stages.len()];
-    let mut names = Vec::new();
+/// The single call through the chain and through the floor: each on its own fresh copy
+/// of the history (so both cold calls count every message), warm calls alternated so a
+/// busy moment of the machine hits both alike.
+fn singles(bench: &Bench, values: &[Value]) -> Result<(Single, Single)> {
+    let chains = [&bench.chain, &bench.floor];
+    let mut histories = Vec::new();
+    let mut colds = Vec::new();
+    for chain in chains {
+        let (history, turn) = single_history(values)?;
+        colds.push(call_once(bench, chain, &history, turn)?);
+        histories.push((history, turn));
+    }
+    let mut totals = [Vec::new(), Vec::new()];
+    let mut stages: [Vec<Vec<Duration>>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..WARM_CALLS {
-        let call = call_once(bench, chain, &history, turn)?;
-        totals.push(call.total);
-        names = call.stages.iter().map(|(n, _)| n.clone()).collect();
-        for (samples, (_, elapsed)) in per_stage.iter_mut().zip(&call.stages) {
-            samples.push(*elapsed);
+        for (which, chain) in chains.iter().enumerate() {
+            let (history, turn) = &histories[which];
+            let call = call_once(bench, chain, history, *turn)?;
+            totals[which].push(call.total);
+            stages[which].resize(call.stages.len(), Vec::new());
+            for (samples, (_, elapsed)) in stages[which].iter_mut().zip(&call.stages) {
+                samples.push(*elapsed);
+            }
         }
     }
-    Ok(Single {
-        cold,
-        warm: median(&totals),
-        warm_stages: names
-            .into_iter()
-            .zip(per_stage.iter().map(|s| median(s)))
-            .collect(),
-    })
+    let mut results = colds.into_iter().enumerate().map(|(which, cold)| {
+        let names = cold.stages.iter().map(|(name, _)| name.clone());
+        let warm_stages = names.zip(stages[which].iter().map(|s| median(s))).collect();
+        Single {
+            warm: median(&totals[which]),
+            warm_stages,
+            cold,
+        }
+    });
+    let chain = results.next().expect("two results");
+    let floor = results.next().expect("two results");
+    Ok((chain, floor))
 }
 
 /// `o200k_base` throughput of the host's counter on the history's items, MB/s (median of 3).
@@ -439,8 +454,7 @@ fn run(args: &[String]) -> Result<()> {
     let tokenized_ratio = first.bytes_tokenized as f64 / first.bytes_entered.max(1) as f64;
 
     let single_values = generate_messages(SINGLE_MESSAGES, seed.wrapping_add(1));
-    let chain_single = single(&bench, &bench.chain, &single_values)?;
-    let floor_single = single(&bench, &bench.floor, &single_values)?;
+    let (chain_single, floor_single) = singles(&bench, &single_values)?;
     let throughput = token_throughput(&replay_history)?;
 
     let per_plugin: BTreeMap<String, f64> = chain_single
