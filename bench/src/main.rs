@@ -298,6 +298,8 @@ fn single_history(values: &[Value]) -> Result<(Vec<RArc<Message>>, u64)> {
 struct Single {
     cold: Call1,
     warm: Duration,
+    /// The fastest warm call: what the work costs when nothing else wants the CPU.
+    warm_best: Duration,
     warm_stages: Vec<(String, Duration)>,
 }
 
@@ -331,6 +333,7 @@ fn singles(bench: &Bench, values: &[Value]) -> Result<(Single, Single)> {
         let warm_stages = names.zip(stages[which].iter().map(|s| median(s))).collect();
         Single {
             warm: median(&totals[which]),
+            warm_best: quantile(&totals[which], 0.0),
             warm_stages,
             cold,
         }
@@ -369,6 +372,12 @@ fn peak_rss_mb() -> f64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The 1-minute load average (Linux; `null` elsewhere).
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 fn ms(d: Duration) -> f64 {
@@ -440,7 +449,8 @@ fn run(args: &[String]) -> Result<()> {
     }
     let peak_rss = peak_rss_mb();
     let turns_count = chain_runs[0].per_turn.len();
-    let total = median(&chain_runs.iter().map(Replay::total).collect::<Vec<_>>());
+    let totals: Vec<Duration> = chain_runs.iter().map(Replay::total).collect();
+    let total = median(&totals);
     let floor_total = median(&floor_runs.iter().map(|r| r.iter().sum()).collect::<Vec<_>>());
     let turn_median = median(&chain_runs.iter().map(|r| median(&r.per_turn)).collect::<Vec<_>>());
     let turn_p99 = median(
@@ -480,6 +490,9 @@ fn run(args: &[String]) -> Result<()> {
             "max_tokens_applied": bench.max_tokens_applied,
         },
         "runs": runs,
+        // Load while measuring (1-minute average, /proc/loadavg): the medians of a run on
+        // a busy machine say more about the machine than about the chain.
+        "load_average": load_average(),
         "replay": {
             "input": input.as_ref().map(|p| p.display().to_string()),
             "turns": turns_count,
@@ -489,6 +502,7 @@ fn run(args: &[String]) -> Result<()> {
             "per_turn_median_us": round(us(turn_median), 1),
             "per_turn_p99_us": round(us(turn_p99), 1),
             "floor_total_s": round(floor_total.as_secs_f64(), 4),
+            "best_total_s": round(quantile(&totals, 0.0).as_secs_f64(), 4),
             "floor_per_turn_median_us": round(us(floor_turn_median), 1),
             "ratio_to_floor": round(ratio(total, floor_total), 3),
         },
@@ -499,6 +513,8 @@ fn run(args: &[String]) -> Result<()> {
             "cold_per_plugin_ms": cold_per_plugin,
             "total_ms": round(ms(chain_single.warm), 4),
             "floor_ms": round(ms(floor_single.warm), 4),
+            "best_ms": round(ms(chain_single.warm_best), 4),
+            "floor_best_ms": round(ms(floor_single.warm_best), 4),
             "ratio_to_floor": round(ratio(chain_single.warm, floor_single.warm), 3),
             "per_plugin_ms": per_plugin,
         },
@@ -522,7 +538,12 @@ fn print_table(r: &Value) {
     let replay = &r["replay"];
     let single = &r["single"];
     println!("chain: {}   floor: {}", r["chain"], r["floor"]);
-    println!("medians over {} runs", r["runs"]);
+    println!(
+        "medians over {} runs; load average {} on {} CPUs",
+        r["runs"],
+        r["load_average"],
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     println!();
     println!(
         "replay     {} turns, {} messages, {} bytes",
@@ -537,6 +558,7 @@ fn print_table(r: &Value) {
         replay["per_turn_median_us"], replay["floor_per_turn_median_us"]
     );
     println!("  per turn p99 {:>10} µs", replay["per_turn_p99_us"]);
+    println!("  best total   {:>10} s    (fastest run)", replay["best_total_s"]);
     println!();
     println!("single     one call on {} messages", single["messages"]);
     println!(
@@ -546,6 +568,10 @@ fn print_table(r: &Value) {
     println!(
         "  warm         {:>10} ms   floor {:>10} ms   ratio {}",
         single["total_ms"], single["floor_ms"], single["ratio_to_floor"]
+    );
+    println!(
+        "  warm best    {:>10} ms   floor {:>10} ms   (fastest call)",
+        single["best_ms"], single["floor_best_ms"]
     );
     if let Some(plugins) = single["per_plugin_ms"].as_object() {
         for (name, warm) in plugins {
