@@ -415,6 +415,11 @@ fn run(args: &[String]) -> Result<()> {
     let seed: u64 = flag(args, "--seed")?.unwrap_or(1);
 
     let bench = load_bench(&plugin_dir, max_tokens)?;
+    // The encoding is built on first use, once per process (a serving host pays it once,
+    // each `history-host process` call pays it): measured apart, not charged to turn 1.
+    let started = Instant::now();
+    tokens::count_text(Tokenizer::O200kBase, "warm up");
+    let tokenizer_init = started.elapsed();
     let names = bench.chain.names().join(", ");
     eprintln!(
         "chain measured: {names}{}; floor: {} × floor",
@@ -435,6 +440,11 @@ fn run(args: &[String]) -> Result<()> {
                 std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
             match serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))? {
                 Value::Array(messages) => messages,
+                // The document form `history-host process` also reads.
+                Value::Object(mut document) => match document.remove("messages") {
+                    Some(Value::Array(messages)) => messages,
+                    _ => return Err(format!("{}: no \"messages\" array", file.display())),
+                },
                 _ => return Err(format!("{}: not a JSON array of messages", file.display())),
             }
         }
@@ -531,6 +541,7 @@ fn run(args: &[String]) -> Result<()> {
             "bytes_entered": first.bytes_entered,
         },
         "peak_rss_mb": round(peak_rss, 1),
+        "tokenizer_init_ms": round(ms(tokenizer_init), 1),
     });
     if json_out {
         println!("{report}");
@@ -597,4 +608,8 @@ fn print_table(r: &Value) {
         r["tokens"]["o200k_mb_per_s"], r["tokens"]["bytes_tokenized_ratio"]
     );
     println!("peak RSS   {} MB (after the replays)", r["peak_rss_mb"]);
+    println!(
+        "o200k_base load {} ms (once per process, before the measurements)",
+        r["tokenizer_init_ms"]
+    );
 }
