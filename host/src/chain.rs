@@ -7,7 +7,7 @@ use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
 };
 
-use crate::check::{check_output, is_passthrough};
+use crate::check::{check_faults, check_output, is_passthrough, is_selection};
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::loader::{Catalog, PluginLibrary};
 use crate::{logging, tokens, turns};
@@ -142,6 +142,42 @@ impl Chain {
         })
     }
 
+    /// `copies` instances of plugin `name` in a row. This bypasses the configuration's
+    /// chain rules (`default` first, no name twice) and exists for measuring only:
+    /// `cargo xtask bench` runs a pass-through fixture through this same [`Chain::run`],
+    /// as many stages as the real chain has, to get the floor its figures are divided by.
+    pub fn repeated(
+        config: &Config,
+        catalog: &Catalog,
+        name: &str,
+        copies: usize,
+    ) -> Result<Chain, ConfigError> {
+        let mut stages = Vec::with_capacity(copies);
+        for _ in 0..copies {
+            let (Some(library), Some(instance)) =
+                (catalog.plugins.get(name), instantiate(config, catalog, name)?)
+            else {
+                return Err(config.error(
+                    None,
+                    format!(
+                        "plugin \"{name}\" is not available in {} (available: {})",
+                        config.plugin_dir.display(),
+                        available(catalog)
+                    ),
+                ));
+            };
+            stages.push(Stage {
+                name: name.to_string(),
+                version: library.version.clone(),
+                instance,
+            });
+        }
+        Ok(Chain {
+            stages,
+            on_error: config.on_plugin_error,
+        })
+    }
+
     /// The chain's plugin names, in order.
     pub fn names(&self) -> Vec<&str> {
         self.stages.iter().map(|s| s.name.as_str()).collect()
@@ -198,8 +234,14 @@ impl Chain {
                 if is_passthrough(&history, &output.history) {
                     return Ok((output, faults));
                 }
-                let output_faults = check_output(&history, faults, &output.history)
-                    .map_err(|e| format!("invalid output: {e}"))?;
+                // Identities are unique here (assign_origins above), so a plain selection
+                // needs only the structural check, not the full one that hashes the input.
+                let output_faults = if is_selection(&history, &output.history) {
+                    check_faults(&output.history, faults)
+                } else {
+                    check_output(&history, faults, &output.history)
+                }
+                .map_err(|e| format!("invalid output: {e}"))?;
                 Ok((output, output_faults.count()))
             });
             let elapsed = started.elapsed();

@@ -12,6 +12,18 @@ pub fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool
     input.len() == output.len() && input.iter().zip(output).all(|(a, b)| std::ptr::eq(&**a, &**b))
 }
 
+/// Whether `output` is `input` with messages left out: the same shared messages, in input
+/// order. What every trimming plugin returns; with unique identities in the input (as in a
+/// chain run, `turns::assign_origins`) such an output duplicates, changes and invents
+/// nothing, so only [`check_faults`] is left to check — without hashing the whole input.
+pub fn is_selection(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+    let mut rest = input.iter();
+    output.len() <= input.len()
+        && output
+            .iter()
+            .all(|kept| rest.any(|m| std::ptr::eq(&**m, &**kept)))
+}
+
 /// Identity of a message within one chain step: its origin, its kind of role and, for a
 /// tool result, the call it answers (one assistant message's placeholders share its origin).
 type Key<'a> = (u64, Role, Option<&'a str>);
@@ -75,6 +87,11 @@ pub fn check_output(
         check_shape(message).map_err(fault)?;
     }
 
+    check_faults(output, input_faults)
+}
+
+/// The output's structural faults, or an error when it has more than its input had.
+pub fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Faults, String> {
     let faults = Faults::of(output);
     if faults.count() > input_faults {
         let first = faults.describe(output).into_iter().next().unwrap_or_default();
@@ -144,4 +161,28 @@ fn valid_json(text: &str) -> Result<(), String> {
     serde_json::from_str::<serde_json::Value>(text)
         .map(|_| ())
         .map_err(|_| "not valid JSON".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::wire::history_from_str;
+
+    #[test]
+    fn a_selection_keeps_shared_messages_in_input_order() {
+        let input = history_from_str(
+            r#"[{"role":"user","content":"1"},{"role":"assistant","content":"2"},{"role":"user","content":"3"}]"#,
+        )
+        .unwrap();
+        let pick = |indices: &[usize]| indices.iter().map(|&i| input[i].clone()).collect::<Vec<_>>();
+        assert!(is_selection(&input, &pick(&[0, 2])));
+        assert!(is_selection(&input, &pick(&[])));
+        assert!(!is_selection(&input, &pick(&[2, 0])), "reordered");
+        assert!(!is_selection(&input, &pick(&[0, 0])), "repeated");
+        let copy = RArc::new((*input[1]).clone());
+        assert!(
+            !is_selection(&input, &[input[0].clone(), copy]),
+            "a changed copy is not shared"
+        );
+    }
 }

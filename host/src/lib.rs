@@ -6,6 +6,7 @@
 //!   [`check`] after every stage and `on_plugin_error` handling;
 //! - [`turns`]: turns and message identities, derived once before the chain;
 //! - [`tokens`]: the tokenizers offered to plugins, with per-message caching;
+//!   [`o200k`] counts `o200k_base` exactly as tiktoken does, without fancy-regex;
 //! - [`document`]: the input document of `process`;
 //! - [`report`]: the summary log line and `--explain`;
 //! - [`expand`]: restoring a compacted or omitted message's original content (§5.6);
@@ -25,6 +26,7 @@ pub mod expand;
 pub mod inspect;
 pub mod loader;
 pub mod logging;
+pub mod o200k;
 pub mod report;
 pub mod tokens;
 pub mod turns;

@@ -6,6 +6,12 @@
 //! cargo xtask test [ARGS…]             build (debug), then cargo test --workspace ARGS…
 //! cargo xtask new-plugin NAME [--dir D] scaffold a plugin crate (in plugins/NAME, or a
 //!                                      standalone crate in D)
+//! cargo xtask gen-history [--turns N] [--seed S]
+//!                                      print a generated agent history (JSON array)
+//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R]
+//!                                      build everything in release, install the plugins
+//!                                      and the floor fixture into target/bench-plugins,
+//!                                      measure the chain (SPEC §8)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -21,6 +27,8 @@ fn main() -> ExitCode {
         Some("build") => build(args[1..].iter().any(|a| a == "--release")).map(|_| ()),
         Some("test") => test(&args[1..]),
         Some("new-plugin") => new_plugin(&args[1..]),
+        Some("gen-history") => gen_history(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
     };
     match result {
@@ -37,7 +45,17 @@ usage: cargo xtask <task>
   build [--release]           build the host and every plugin; install plugins into target/plugins
   test [ARGS...]              build (debug), then run every test: cargo test --workspace ARGS...
   new-plugin NAME [--dir DIR] scaffold a plugin crate in plugins/NAME (or standalone in DIR)
+  gen-history [--turns N] [--seed S]
+                              print a generated agent history (JSON array) to stdout
+  bench [--json] [--input FILE] [--max-tokens K] [--runs R]
+                              build in release, install into target/bench-plugins and
+                              measure the chain against its floor (SPEC §8)
 ";
+
+/// The benchmark's package and its pass-through fixture plugin (installed only into
+/// `target/bench-plugins`, never with the shipped plugins).
+const BENCH_PACKAGE: &str = "history-bench";
+const FLOOR_PLUGIN: &str = "history_plugin_floor";
 
 /// The workspace root (xtask lives one level below it).
 pub fn workspace_root() -> PathBuf {
@@ -91,7 +109,8 @@ fn plugin_packages() -> Result<Vec<String>> {
             .into_iter()
             .flatten()
             .any(|t| t["kind"].as_array().into_iter().flatten().any(|k| k == "cdylib"));
-        if is_cdylib && name.starts_with("history_plugin_") {
+        // The bench's fixture is a plugin only for the bench: never installed with the others.
+        if is_cdylib && name.starts_with("history_plugin_") && name != FLOOR_PLUGIN {
             names.push(name.to_string());
         }
     }
@@ -206,4 +225,58 @@ fn new_plugin(args: &[String]) -> Result<()> {
         "next: cargo xtask build, then agentctl history-chain-add {name} (or add it to [history] chain)"
     );
     Ok(())
+}
+
+/// Runs the release `history-bench` with `args` (building it first if needed).
+fn history_bench(args: &[&str], extra: &[String]) -> Result<()> {
+    run(cargo()
+        .current_dir(workspace_root())
+        .args(["run", "--quiet", "--release", "--package", BENCH_PACKAGE, "--"])
+        .args(args)
+        .args(extra))
+}
+
+fn gen_history(args: &[String]) -> Result<()> {
+    history_bench(&["gen-history"], args)
+}
+
+/// Builds the host, every plugin, the floor fixture and the bench in release; installs the
+/// plugins and the fixture into `target/bench-plugins` (a folder of its own, so the
+/// fixture never shows up among the shipped plugins); runs the measurements. The bench
+/// writes its configuration there, choosing the full chain where it is installed.
+fn bench(args: &[String]) -> Result<()> {
+    refuse_panic_abort("release")?;
+    let plugins = plugin_packages()?;
+    let mut command = cargo();
+    command.current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "history-host",
+        "--package",
+        BENCH_PACKAGE,
+        "--package",
+        FLOOR_PLUGIN,
+    ]);
+    for plugin in &plugins {
+        command.args(["--package", plugin]);
+    }
+    run(&mut command)?;
+    let built = target_dir().join("release");
+    let bench_dir = target_dir().join("bench-plugins");
+    // A plugin removed from the workspace since the last bench must not be measured.
+    if let Ok(entries) = std::fs::read_dir(&bench_dir) {
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with(&format!("{}history_plugin_", std::env::consts::DLL_PREFIX)) {
+                std::fs::remove_file(entry.path())
+                    .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
+            }
+        }
+    }
+    for plugin in plugins.iter().map(String::as_str).chain([FLOOR_PLUGIN]) {
+        install_library(&built.join(library_file(plugin)), &bench_dir)?;
+    }
+    let plugin_dir = bench_dir.display().to_string();
+    history_bench(&["run", "--plugin-dir", &plugin_dir], args)
 }

@@ -1,0 +1,621 @@
+//! `history-bench`: the measurements of `cargo xtask bench` (SPEC §8), and the history
+//! generator on the command line. Run it through `cargo xtask bench` / `cargo xtask
+//! gen-history`, which build everything in release and install the plugins first.
+//!
+//! ```text
+//! history-bench gen-history [--turns N] [--seed S]
+//! history-bench run --plugin-dir DIR [--json] [--input FILE] [--max-tokens K] [--runs R]
+//! ```
+//!
+//! What `run` measures, with the real plugin libraries in DIR loaded by the real host
+//! library (`load_chain`) and run by `Chain::run`:
+//!
+//! - **replay**: a 1,000-turn generated history (or `--input`) fed turn by turn the way a
+//!   session does it: each turn's new messages get `metadata.turn_added`, are appended to
+//!   the previous turn's output, and the chain runs on that. Every run starts from freshly
+//!   parsed messages, so each run tokenizes each message once, as a session would.
+//! - **single**: one call on a 10,000-message history; the cold first call (nothing counted
+//!   yet) and the median of warm calls (the same messages again: counts remembered).
+//! - **floor**: the same histories through a chain of as many `floor` stages (a fixture
+//!   that returns its input shared, doing nothing) run by the same `Chain::run` (the chain
+//!   refuses a name twice, so the floor chain is built with `Chain::repeated`). So the
+//!   floor holds what the host itself does per run and per stage (turns, identities, the
+//!   structural check, remembered token counts, the ABI calls), and a ratio to it is what
+//!   the plugins, and counting new messages, add on top. The replay's floor gets each
+//!   turn's input exactly as the chain got it.
+//! - **tokens**: `o200k_base` throughput of the host's counter, and the bytes tokenized
+//!   during a replay over the bytes that entered it (1.0 = nothing tokenized twice).
+//! - **peak RSS** of the process after the replays (VmHWM).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use history_bench::{generate, generate_messages, median, quantile, split_turns, to_json_text};
+use history_host::chain::stateless_context;
+use history_host::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
+use plugin_api::wire::parse_history;
+use plugin_api::{Message, ModelInfo, RArc, ROption, Tokenizer};
+use serde_json::{json, Value};
+
+/// The full chain of SPEC §4.1, in order; the bench measures the part of it installed.
+const FULL_CHAIN: [&str; 5] = [
+    "default",
+    "tool_result_filter",
+    "retention",
+    "token_budget",
+    "role_pair",
+];
+/// Turns of the generated replay history.
+const REPLAY_TURNS: usize = 1_000;
+/// Messages of the single-call history.
+const SINGLE_MESSAGES: usize = 10_000;
+/// Warm calls of the single-call measurement, chain and floor alternating in blocks: a
+/// burst of someone else's work hits both, and a block's calls find the CPU caches holding
+/// its own history (alternating call by call, each 10,000-message history evicted the
+/// other and doubled the floor: 1.3 -> 3.6 ms).
+const WARM_CALLS: usize = 50;
+const WARM_BLOCK: usize = 5;
+/// The window of the bench configuration: the shipped defaults (`plugins-enabled.toml`).
+const AGENT_MAX_CTX: u64 = 200;
+const CONTEXT_TOKENS: u64 = 128_000;
+
+type Result<T> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("gen-history") => gen_history(&args[1..]),
+        Some("run") => run(&args[1..]),
+        _ => Err(USAGE.trim().to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("history-bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "
+usage: history-bench <command>
+  gen-history [--turns N] [--seed S]    print a generated agent history (JSON array)
+  run --plugin-dir DIR [--json] [--input FILE] [--max-tokens K] [--runs R] [--seed S]
+                                        measure the chain installed in DIR
+";
+
+/// The value after flag `name`, parsed.
+fn flag<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) => {
+            let value = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
+            value
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{name}: not a valid value: {value:?}"))
+        }
+    }
+}
+
+fn check_flags(args: &[String], with_value: &[&str], switches: &[&str]) -> Result<()> {
+    let mut i = 0;
+    while i < args.len() {
+        if with_value.contains(&args[i].as_str()) {
+            i += 2;
+        } else if switches.contains(&args[i].as_str()) {
+            i += 1;
+        } else {
+            return Err(format!("unknown argument {:?}\n{}", args[i], USAGE.trim()));
+        }
+    }
+    Ok(())
+}
+
+fn gen_history(args: &[String]) -> Result<()> {
+    check_flags(args, &["--turns", "--seed"], &[])?;
+    let turns = flag(args, "--turns")?.unwrap_or(REPLAY_TURNS);
+    let seed = flag(args, "--seed")?.unwrap_or(1);
+    print!("{}", to_json_text(&generate(turns, seed)));
+    Ok(())
+}
+
+/// The chain under test, its floor and the call settings.
+struct Bench {
+    config: Config,
+    chain: Chain,
+    floor: Chain,
+    model: ModelInfo,
+    missing: Vec<&'static str>,
+    max_tokens: Option<u64>,
+    max_tokens_applied: bool,
+}
+
+/// Writes the bench configuration into `plugin_dir` (the full chain where installed, else
+/// the plugins that are) and loads it through the host library.
+fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>) -> Result<Bench> {
+    let catalog = Catalog::discover(plugin_dir).map_err(|e| e.to_string())?;
+    if !catalog.plugins.contains_key("floor") {
+        return Err(format!(
+            "{} has no floor plugin: run the bench with `cargo xtask bench`",
+            plugin_dir.display()
+        ));
+    }
+    let (present, missing): (Vec<&str>, Vec<&str>) = FULL_CHAIN
+        .iter()
+        .partition(|name| catalog.plugins.contains_key(**name));
+    let max_tokens_applied = max_tokens.is_some() && present.contains(&"token_budget");
+    let chain_list = present
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut text = format!(
+        "# Written by `cargo xtask bench`: the chain measured and its window.\n\
+         plugin_dir = \".\"\n\n\
+         [history]\n\
+         agent_max_ctx = {AGENT_MAX_CTX}\n\
+         chain = [{chain_list}]\n\
+         # A failing plugin must show, not be skipped into a flattering figure.\n\
+         on_plugin_error = \"fail\"\n\n\
+         [models.default]\n\
+         max_context = {AGENT_MAX_CTX}\n\
+         context_tokens = {CONTEXT_TOKENS}\n\
+         tokenizer = \"o200k_base\"\n"
+    );
+    if let (true, Some(k)) = (max_tokens_applied, max_tokens) {
+        text.push_str(&format!("\n[plugin.token_budget]\nmax_tokens = {k}\n"));
+    }
+    let file = plugin_dir.join("bench-plugins-enabled.toml");
+    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    let (config, catalog, chain) = load_chain(&file).map_err(|e| e.to_string())?;
+    let floor = Chain::repeated(&config, &catalog, "floor", chain.stages.len()).map_err(|e| e.to_string())?;
+    let model = config.model("default");
+    Ok(Bench {
+        config,
+        chain,
+        floor,
+        model,
+        missing,
+        max_tokens,
+        max_tokens_applied,
+    })
+}
+
+/// Parses a history, failing with the message's index.
+fn parse(values: &[Value]) -> Result<Vec<RArc<Message>>> {
+    parse_history(&Value::Array(values.to_vec())).map_err(|e| format!("bad history: {e}"))
+}
+
+/// One replay: per-turn times, bytes tokenized / bytes entered, and each turn's input.
+struct Replay {
+    per_turn: Vec<Duration>,
+    bytes_entered: u64,
+    bytes_tokenized: u64,
+    inputs: Vec<Vec<RArc<Message>>>,
+}
+
+impl Replay {
+    fn total(&self) -> Duration {
+        self.per_turn.iter().sum()
+    }
+}
+
+/// Feeds `history` turn by turn through the chain, as a session does; keeps each turn's
+/// input (shared messages) for the floor.
+fn replay(bench: &Bench, history: &[Value]) -> Result<Replay> {
+    // Parsing is the wire's cost, not the chain's: done before the clock starts. Fresh
+    // messages every run, so each run counts every message's tokens once, like a session.
+    let turns = split_turns(parse(history)?, history_bench::is_user);
+    let bytes_entered = turns
+        .iter()
+        .flatten()
+        .map(|m| history_bench::token_item_bytes(m))
+        .sum();
+    let tokenized_before = tokens::bytes_tokenized();
+    let mut per_turn = Vec::with_capacity(turns.len());
+    let mut inputs = Vec::with_capacity(turns.len());
+    let mut previous: Vec<RArc<Message>> = Vec::new();
+    for (index, new_messages) in turns.into_iter().enumerate() {
+        let turn = index as u64 + 1;
+        let started = Instant::now();
+        let mut new_messages = new_messages;
+        for message in &mut new_messages {
+            // Not shared yet: stamped in place, as the session stamps what enters.
+            RArc::make_mut(message).meta_mut().turn_added = ROption::RSome(turn);
+        }
+        // The host's identities and turns for what enters (what Chain::run would derive
+        // for them), set while the messages are not shared yet: the copy of the input
+        // kept for the floor below would otherwise make the host copy each new message.
+        turns::assign_origins(&mut new_messages);
+        turns::derive_turns(&mut new_messages, turn);
+        let mut input = previous;
+        input.append(&mut new_messages);
+        let appended = started.elapsed();
+        inputs.push(input.clone());
+        let ctx = stateless_context(&bench.config, bench.model.clone(), turn);
+        let started = Instant::now();
+        let run = bench
+            .chain
+            .run(input, &ctx, Call::Process)
+            .map_err(|e| e.to_string())?;
+        previous = run.history;
+        per_turn.push(appended + started.elapsed());
+    }
+    Ok(Replay {
+        per_turn,
+        bytes_entered,
+        bytes_tokenized: tokens::bytes_tokenized() - tokenized_before,
+        inputs,
+    })
+}
+
+/// The floor of a replay: each turn's input, as the chain got it, through the floor chain.
+/// (Not a replay of its own: a floor that trims nothing would grow the history to every
+/// message and measure another workload.) The messages were counted by the chain's run,
+/// so the floor holds no tokenizing: the ratio includes counting each new message once.
+fn floor_replay(bench: &Bench, inputs: Vec<Vec<RArc<Message>>>) -> Result<Vec<Duration>> {
+    let mut per_turn = Vec::with_capacity(inputs.len());
+    for (index, input) in inputs.into_iter().enumerate() {
+        let ctx = stateless_context(&bench.config, bench.model.clone(), index as u64 + 1);
+        let started = Instant::now();
+        let run = bench
+            .floor
+            .run(input, &ctx, Call::Process)
+            .map_err(|e| e.to_string())?;
+        per_turn.push(started.elapsed());
+        drop(run);
+    }
+    Ok(per_turn)
+}
+
+/// One call on a history: the total and each stage's time.
+struct Call1 {
+    total: Duration,
+    stages: Vec<(String, Duration)>,
+}
+
+fn call_once(bench: &Bench, chain: &Chain, history: &[RArc<Message>], turn: u64) -> Result<Call1> {
+    let input = history.to_vec();
+    let ctx = stateless_context(&bench.config, bench.model.clone(), turn);
+    let started = Instant::now();
+    let run = chain.run(input, &ctx, Call::Process).map_err(|e| e.to_string())?;
+    let total = started.elapsed();
+    let stages = run.stages.iter().map(|s| (s.plugin.clone(), s.elapsed)).collect();
+    Ok(Call1 { total, stages })
+}
+
+/// The single-call history, parsed, with identities and turns set as the host would set
+/// them; counts not yet remembered. Setting them up front lets every call share the same
+/// messages (a shared message whose identity or turn the host had to set would be copied).
+fn single_history(values: &[Value]) -> Result<(Vec<RArc<Message>>, u64)> {
+    let mut history = parse(values)?;
+    let turn = turns::current_turn(&history, None);
+    turns::assign_origins(&mut history);
+    turns::derive_turns(&mut history, turn);
+    Ok((history, turn))
+}
+
+/// Cold call (counts not remembered) then the median of warm calls, per stage too.
+struct Single {
+    cold: Call1,
+    warm: Duration,
+    /// The fastest warm call: what the work costs when nothing else wants the CPU.
+    warm_best: Duration,
+    warm_stages: Vec<(String, Duration)>,
+}
+
+/// The single call through the chain and through the floor: each on its own fresh copy
+/// of the history (so both cold calls count every message), warm calls alternated in
+/// blocks ([`WARM_BLOCK`]).
+fn singles(bench: &Bench, values: &[Value]) -> Result<(Single, Single)> {
+    let chains = [&bench.chain, &bench.floor];
+    let mut histories = Vec::new();
+    let mut colds = Vec::new();
+    for chain in chains {
+        let (history, turn) = single_history(values)?;
+        colds.push(call_once(bench, chain, &history, turn)?);
+        histories.push((history, turn));
+    }
+    let mut totals = [Vec::new(), Vec::new()];
+    let mut stages: [Vec<Vec<Duration>>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..WARM_CALLS / WARM_BLOCK {
+        for (which, chain) in chains.iter().enumerate() {
+            let (history, turn) = &histories[which];
+            for _ in 0..WARM_BLOCK {
+                let call = call_once(bench, chain, history, *turn)?;
+                totals[which].push(call.total);
+                stages[which].resize(call.stages.len(), Vec::new());
+                for (samples, (_, elapsed)) in stages[which].iter_mut().zip(&call.stages) {
+                    samples.push(*elapsed);
+                }
+            }
+        }
+    }
+    let mut results = colds.into_iter().enumerate().map(|(which, cold)| {
+        let names = cold.stages.iter().map(|(name, _)| name.clone());
+        let warm_stages = names.zip(stages[which].iter().map(|s| median(s))).collect();
+        Single {
+            warm: median(&totals[which]),
+            warm_best: quantile(&totals[which], 0.0),
+            warm_stages,
+            cold,
+        }
+    });
+    let chain = results.next().expect("two results");
+    let floor = results.next().expect("two results");
+    Ok((chain, floor))
+}
+
+/// `o200k_base` throughput of the host's counter on the history's items, MB/s, and the
+/// time to count them all once (median of 3): the part of a replay no chain can avoid.
+fn token_throughput(values: &[Value]) -> Result<(f64, Duration)> {
+    let history = parse(values)?;
+    let items: Vec<&str> = history.iter().flat_map(|m| m.token_items()).collect();
+    let bytes: usize = items.iter().map(|i| i.len()).sum();
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let mut total = 0;
+        for item in &items {
+            total += tokens::count_text(Tokenizer::O200kBase, item);
+        }
+        std::hint::black_box(total);
+        times.push(started.elapsed());
+    }
+    let time = median(&times);
+    Ok((bytes as f64 / time.as_secs_f64() / 1e6, time))
+}
+
+/// The process's peak resident set so far, in MB (VmHWM; Linux only, else 0).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The 1-minute load average (Linux; `null` elsewhere).
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+fn ratio(a: Duration, b: Duration) -> f64 {
+    if b.is_zero() {
+        0.0
+    } else {
+        a.as_secs_f64() / b.as_secs_f64()
+    }
+}
+/// Rounds for the report (figures are not more precise than this).
+fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
+fn run(args: &[String]) -> Result<()> {
+    check_flags(
+        args,
+        &["--plugin-dir", "--input", "--max-tokens", "--runs", "--seed"],
+        &["--json"],
+    )?;
+    let plugin_dir: PathBuf = flag(args, "--plugin-dir")?.ok_or("--plugin-dir is required")?;
+    let json_out = args.iter().any(|a| a == "--json");
+    let input: Option<PathBuf> = flag(args, "--input")?;
+    let max_tokens: Option<u64> = flag(args, "--max-tokens")?;
+    let runs: usize = flag(args, "--runs")?.unwrap_or(5).max(1);
+    let seed: u64 = flag(args, "--seed")?.unwrap_or(1);
+
+    let bench = load_bench(&plugin_dir, max_tokens)?;
+    // The encoding is built on first use, once per process (a serving host pays it once,
+    // each `history-host process` call pays it): measured apart, not charged to turn 1.
+    let started = Instant::now();
+    tokens::count_text(Tokenizer::O200kBase, "warm up");
+    let tokenizer_init = started.elapsed();
+    let names = bench.chain.names().join(", ");
+    eprintln!(
+        "chain measured: {names}{}; floor: {} × floor",
+        if bench.missing.is_empty() {
+            String::new()
+        } else {
+            format!(" (not installed: {})", bench.missing.join(", "))
+        },
+        bench.floor.stages.len()
+    );
+    if max_tokens.is_some() && !bench.max_tokens_applied {
+        eprintln!("--max-tokens not applied: token_budget is not installed");
+    }
+
+    let replay_history: Vec<Value> = match &input {
+        Some(file) => {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            match serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))? {
+                Value::Array(messages) => messages,
+                // The document form `history-host process` also reads.
+                Value::Object(mut document) => match document.remove("messages") {
+                    Some(Value::Array(messages)) => messages,
+                    _ => return Err(format!("{}: no \"messages\" array", file.display())),
+                },
+                _ => return Err(format!("{}: not a JSON array of messages", file.display())),
+            }
+        }
+        None => generate(REPLAY_TURNS, seed),
+    };
+
+    // Replays, chain and floor interleaved so a slow moment of the machine hits both.
+    let mut chain_runs = Vec::new();
+    let mut floor_runs = Vec::new();
+    for _ in 0..runs {
+        let mut run = replay(&bench, &replay_history)?;
+        floor_runs.push(floor_replay(&bench, std::mem::take(&mut run.inputs))?);
+        chain_runs.push(run);
+    }
+    let peak_rss = peak_rss_mb();
+    let turns_count = chain_runs[0].per_turn.len();
+    let totals: Vec<Duration> = chain_runs.iter().map(Replay::total).collect();
+    let total = median(&totals);
+    let floor_total = median(&floor_runs.iter().map(|r| r.iter().sum()).collect::<Vec<_>>());
+    let turn_median = median(&chain_runs.iter().map(|r| median(&r.per_turn)).collect::<Vec<_>>());
+    let turn_p99 = median(
+        &chain_runs
+            .iter()
+            .map(|r| quantile(&r.per_turn, 0.99))
+            .collect::<Vec<_>>(),
+    );
+    let floor_turn_median = median(&floor_runs.iter().map(|r| median(r)).collect::<Vec<_>>());
+    let first = &chain_runs[0];
+    let tokenized_ratio = first.bytes_tokenized as f64 / first.bytes_entered.max(1) as f64;
+
+    let single_values = generate_messages(SINGLE_MESSAGES, seed.wrapping_add(1));
+    let (chain_single, floor_single) = singles(&bench, &single_values)?;
+    let (throughput, counting) = token_throughput(&replay_history)?;
+
+    let per_plugin: BTreeMap<String, f64> = chain_single
+        .warm_stages
+        .iter()
+        .map(|(name, d)| (name.clone(), round(ms(*d), 4)))
+        .collect();
+    let cold_per_plugin: BTreeMap<String, f64> = chain_single
+        .cold
+        .stages
+        .iter()
+        .map(|(name, d)| (name.clone(), round(ms(*d), 3)))
+        .collect();
+    let report = json!({
+        "chain": bench.chain.names(),
+        "not_installed": bench.missing,
+        "floor": format!("{} x floor (pass-through) through the same Chain::run", bench.floor.stages.len()),
+        "config": {
+            "agent_max_ctx": AGENT_MAX_CTX,
+            "context_tokens": CONTEXT_TOKENS,
+            "tokenizer": "o200k_base",
+            "max_tokens": bench.max_tokens,
+            "max_tokens_applied": bench.max_tokens_applied,
+        },
+        "runs": runs,
+        // Load while measuring (1-minute average, /proc/loadavg): the medians of a run on
+        // a busy machine say more about the machine than about the chain.
+        "load_average": load_average(),
+        "replay": {
+            "input": input.as_ref().map(|p| p.display().to_string()),
+            "turns": turns_count,
+            "messages": replay_history.len(),
+            "bytes": first.bytes_entered,
+            "total_s": round(total.as_secs_f64(), 4),
+            "per_turn_median_us": round(us(turn_median), 1),
+            "per_turn_p99_us": round(us(turn_p99), 1),
+            "floor_total_s": round(floor_total.as_secs_f64(), 4),
+            "best_total_s": round(quantile(&totals, 0.0).as_secs_f64(), 4),
+            "floor_per_turn_median_us": round(us(floor_turn_median), 1),
+            "ratio_to_floor": round(ratio(total, floor_total), 3),
+            // The floor sees messages the chain's run already counted; counting each
+            // message once is work every chain does, so here is the floor with it.
+            "counting_s": round(counting.as_secs_f64(), 4),
+            "ratio_to_floor_and_counting": round(ratio(total, floor_total + counting), 3),
+        },
+        "single": {
+            "messages": single_values.len(),
+            "cold_ms": round(ms(chain_single.cold.total), 3),
+            "floor_cold_ms": round(ms(floor_single.cold.total), 3),
+            "cold_per_plugin_ms": cold_per_plugin,
+            "total_ms": round(ms(chain_single.warm), 4),
+            "floor_ms": round(ms(floor_single.warm), 4),
+            "best_ms": round(ms(chain_single.warm_best), 4),
+            "floor_best_ms": round(ms(floor_single.warm_best), 4),
+            "ratio_to_floor": round(ratio(chain_single.warm, floor_single.warm), 3),
+            "per_plugin_ms": per_plugin,
+        },
+        "tokens": {
+            "o200k_mb_per_s": round(throughput, 2),
+            "bytes_tokenized_ratio": round(tokenized_ratio, 4),
+            "bytes_tokenized": first.bytes_tokenized,
+            "bytes_entered": first.bytes_entered,
+        },
+        "peak_rss_mb": round(peak_rss, 1),
+        "tokenizer_init_ms": round(ms(tokenizer_init), 1),
+    });
+    if json_out {
+        println!("{report}");
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(r: &Value) {
+    let replay = &r["replay"];
+    let single = &r["single"];
+    println!("chain: {}   floor: {}", r["chain"], r["floor"]);
+    println!(
+        "medians over {} runs; load average {} on {} CPUs",
+        r["runs"],
+        r["load_average"],
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+    println!(
+        "replay     {} turns, {} messages, {} bytes",
+        replay["turns"], replay["messages"], replay["bytes"]
+    );
+    println!(
+        "  total        {:>10} s    floor {:>10} s    ratio {}",
+        replay["total_s"], replay["floor_total_s"], replay["ratio_to_floor"]
+    );
+    println!(
+        "  per turn     {:>10} µs   floor {:>10} µs   (median)",
+        replay["per_turn_median_us"], replay["floor_per_turn_median_us"]
+    );
+    println!("  per turn p99 {:>10} µs", replay["per_turn_p99_us"]);
+    println!("  best total   {:>10} s    (fastest run)", replay["best_total_s"]);
+    println!(
+        "  counting every message once: {} s; ratio to floor + counting {}",
+        replay["counting_s"], replay["ratio_to_floor_and_counting"]
+    );
+    println!();
+    println!("single     one call on {} messages", single["messages"]);
+    println!(
+        "  cold         {:>10} ms   floor {:>10} ms",
+        single["cold_ms"], single["floor_cold_ms"]
+    );
+    println!(
+        "  warm         {:>10} ms   floor {:>10} ms   ratio {}",
+        single["total_ms"], single["floor_ms"], single["ratio_to_floor"]
+    );
+    println!(
+        "  warm best    {:>10} ms   floor {:>10} ms   (fastest call)",
+        single["best_ms"], single["floor_best_ms"]
+    );
+    if let Some(plugins) = single["per_plugin_ms"].as_object() {
+        for (name, warm) in plugins {
+            println!(
+                "  {name:<20} {warm:>10} ms warm, {} ms cold",
+                single["cold_per_plugin_ms"][name]
+            );
+        }
+    }
+    println!();
+    println!(
+        "tokens     o200k_base {} MB/s; bytes tokenized / entered over a replay: {}",
+        r["tokens"]["o200k_mb_per_s"], r["tokens"]["bytes_tokenized_ratio"]
+    );
+    println!("peak RSS   {} MB (after the replays)", r["peak_rss_mb"]);
+    println!(
+        "o200k_base load {} ms (once per process, before the measurements)",
+        r["tokenizer_init_ms"]
+    );
+}

@@ -1,0 +1,65 @@
+//! What SPEC §8 asks of a session's turns, checked on the real `default` library (not
+//! timed: CI must not fail on a slow machine): a replay counts every message's tokens
+//! once, and the chain passes kept messages on shared, never copied.
+//!
+//! Needs the installed plugins: run with `cargo xtask test`.
+
+use e2e_tests::TestConfig;
+use history_bench::{generate, split_turns, token_item_bytes};
+use history_host::chain::stateless_context;
+use history_host::{load_chain, tokens, turns, Call};
+use plugin_api::wire::parse_history;
+use plugin_api::{Message, RArc, ROption};
+use serde_json::Value;
+
+#[test]
+fn a_replay_counts_each_message_once_and_copies_none() {
+    // A small window so `default` trims on most turns.
+    let config =
+        TestConfig::new("[history]\nagent_max_ctx = 40\nchain = [\"default\"]\non_plugin_error = \"fail\"\n");
+    let (config, _catalog, chain) = load_chain(&config.path).unwrap_or_else(|e| panic!("{e}"));
+    let model = config.model("default");
+
+    let history = parse_history(&Value::Array(generate(120, 5))).unwrap();
+    let entered: u64 = history.iter().map(|m| token_item_bytes(m)).sum();
+    // Only this test runs in this binary: the process-wide counter is ours.
+    let before = tokens::bytes_tokenized();
+    let mut previous: Vec<RArc<Message>> = Vec::new();
+    let mut trimmed_turns = 0;
+    for (index, mut new) in split_turns(history, history_bench::is_user)
+        .into_iter()
+        .enumerate()
+    {
+        let turn = index as u64 + 1;
+        for message in &mut new {
+            RArc::make_mut(message).meta_mut().turn_added = ROption::RSome(turn);
+        }
+        // Identities set while unshared, so `input` below can be kept for the comparison.
+        turns::assign_origins(&mut new);
+        turns::derive_turns(&mut new, turn);
+        let mut input = previous;
+        input.extend(new);
+        let kept_input = input.clone();
+        let ctx = stateless_context(&config, model.clone(), turn);
+        let run = chain.run(input, &ctx, Call::Process).unwrap();
+        if run.history.len() < kept_input.len() {
+            trimmed_turns += 1;
+        }
+        for message in &run.history {
+            assert!(
+                kept_input.iter().any(|m| std::ptr::eq(&**m, &**message)),
+                "turn {turn}: an output message is a copy, not the input message shared"
+            );
+        }
+        previous = run.history;
+    }
+    assert!(
+        trimmed_turns > 50,
+        "default trimmed on {trimmed_turns} turns only"
+    );
+    assert_eq!(
+        tokens::bytes_tokenized() - before,
+        entered,
+        "bytes tokenized over the replay differ from the bytes that entered"
+    );
+}
