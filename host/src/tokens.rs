@@ -1,10 +1,22 @@
 //! The host's token counter (SPEC §5.2): tiktoken's real `o200k_base` and `cl100k_base`
 //! encodings (embedded in tiktoken-rs, no network) and `chars4`, offered to every plugin
-//! through [`plugin_api::TokenCounter`]. Each message's count is remembered on the message
-//! itself, so a message shared from turn to turn is tokenized once.
+//! through [`plugin_api::TokenCounter`]. Counts are cached at two levels, so nothing is
+//! tokenized twice:
+//!
+//! - each message remembers its own count (a message shared from turn to turn is looked
+//!   up in O(1));
+//! - a message a plugin made (a merge, a changed copy, a message re-parsed from a resent
+//!   transcript) starts without one, so each of its items is looked up by content in
+//!   [`ItemCache`] before it is tokenized: a merge of two counted messages costs two
+//!   hashes, not a second tokenization.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use rustc_hash::FxHasher;
 
 use plugin_api::{Message, RArc, RStr, TokenCounter, Tokenizer};
 
@@ -39,6 +51,46 @@ pub fn count_text(tokenizer: Tokenizer, text: &str) -> u64 {
     }
 }
 
+/// Token counts of item texts by content: (tokenizer, byte length, hash) → tokens.
+/// Bounded: when full it starts over, which costs at most one more tokenization of what
+/// is still in use.
+struct ItemCache {
+    counts: HashMap<(Tokenizer, usize, u64), u64, BuildHasherDefault<FxHasher>>,
+}
+
+/// Items shorter than this are tokenized directly: hashing would cost about as much.
+const CACHED_ITEM_MIN_BYTES: usize = 32;
+const ITEM_CACHE_ENTRIES: usize = 1 << 18;
+
+fn item_cache() -> &'static Mutex<ItemCache> {
+    static CACHE: OnceLock<Mutex<ItemCache>> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        Mutex::new(ItemCache {
+            counts: HashMap::default(),
+        })
+    })
+}
+
+/// Tokens of one item, through the content cache for the BPE tokenizers.
+fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
+    if tokenizer == Tokenizer::Chars4 || text.len() < CACHED_ITEM_MIN_BYTES {
+        return count_text(tokenizer, text);
+    }
+    let hash = BuildHasherDefault::<FxHasher>::default().hash_one(text);
+    let key = (tokenizer, text.len(), hash);
+    let cache = item_cache();
+    if let Some(&count) = cache.lock().unwrap_or_else(|e| e.into_inner()).counts.get(&key) {
+        return count;
+    }
+    let count = count_text(tokenizer, text);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.counts.len() >= ITEM_CACHE_ENTRIES {
+        cache.counts.clear();
+    }
+    cache.counts.insert(key, count);
+    count
+}
+
 /// Σ tokens(item) over a message's items, remembered on the message.
 pub fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
     let memo = message.token_memo();
@@ -47,7 +99,7 @@ pub fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
     }
     let count = message
         .token_items()
-        .map(|item| count_text(tokenizer, item))
+        .map(|item| count_item(tokenizer, item))
         .sum();
     memo.set(tokenizer.slot(), count);
     count
@@ -97,6 +149,29 @@ mod tests {
         .unwrap();
         // items: "abcde" → 2, "get" → 1, "{}" → 1
         assert_eq!(message_tokens(Tokenizer::Chars4, &history[0], 3), 7);
+    }
+
+    #[test]
+    fn a_merged_or_reparsed_message_is_counted_from_the_item_cache() {
+        let text = "a tool result long enough to be worth caching by content, unique 7f3a";
+        let one = history_from_str(&format!(
+            r#"[{{"role":"tool","tool_call_id":"c","content":"{text}"}}]"#
+        ))
+        .unwrap();
+        let first = content_tokens(Tokenizer::O200kBase, &one[0]);
+        // The same content in a new message (a merge's part, a re-parsed transcript).
+        let again = history_from_str(&format!(
+            r#"[{{"role":"user","content":[{{"type":"text","text":"{text}"}},{{"type":"text","text":"{text}"}}]}}]"#
+        ))
+        .unwrap();
+        // Its items are in the content cache, so counting `again` tokenizes nothing.
+        let key = (
+            Tokenizer::O200kBase,
+            text.len(),
+            BuildHasherDefault::<FxHasher>::default().hash_one(text),
+        );
+        assert_eq!(item_cache().lock().unwrap().counts.get(&key), Some(&first));
+        assert_eq!(content_tokens(Tokenizer::O200kBase, &again[0]), 2 * first);
     }
 
     #[test]
