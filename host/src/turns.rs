@@ -1,6 +1,6 @@
 //! Turns (SPEC §2.3) and message identity, derived once before the first plugin runs.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use plugin_api::{Message, RArc, Role};
@@ -61,7 +61,7 @@ pub fn assign_origins(history: &mut [RArc<Message>]) {
     if first_numbered && history.windows(2).all(|w| w[0].origin() < w[1].origin()) {
         return;
     }
-    let mut seen = HashSet::with_capacity(history.len());
+    let mut seen = HashSet::with_capacity_and_hasher(history.len(), Default::default());
     for message in history.iter_mut() {
         let origin = message.origin();
         if origin == 0 || !seen.insert(origin) {

@@ -2,8 +2,11 @@
 //! answers, structural faults, and units. The host, its output check and every plugin use
 //! these same definitions, so they agree on what "valid" means.
 
-use std::collections::HashMap;
 use std::ops::Range;
+
+// Call ids are short strings hashed once or twice per message on every call of every
+// plugin: FxHash, not SipHash (no untrusted-key DoS concern inside one history).
+use rustc_hash::FxHashMap as HashMap;
 
 use abi_stable::std_types::RArc;
 
@@ -13,7 +16,7 @@ use crate::message::{Message, Role};
 /// nearest earlier assistant message with a tool call of that id (real histories reuse
 /// ids across assistant messages). `None` for orphan results and for other roles.
 pub fn answered_calls(history: &[RArc<Message>]) -> Vec<Option<usize>> {
-    let mut latest_call: HashMap<&str, usize> = HashMap::new();
+    let mut latest_call: HashMap<&str, usize> = HashMap::default();
     history
         .iter()
         .enumerate()
@@ -82,7 +85,7 @@ impl Faults {
     /// Same as [`Faults::of`] when [`answered_calls`] is already known.
     pub fn with_answers(history: &[RArc<Message>], answers: &[Option<usize>]) -> Faults {
         let mut faults = Faults::default();
-        let mut answered: HashMap<(usize, &str), usize> = HashMap::new();
+        let mut answered: HashMap<(usize, &str), usize> = HashMap::default();
         for (index, message) in history.iter().enumerate() {
             if message.role != Role::Tool {
                 continue;
