@@ -558,9 +558,10 @@ mod common;
 
 #[test]
 fn properties_on_generated_histories() {
-    common::on_big_stack(|| {
-        use proptest::test_runner::TestCaseError;
-        let tables = [
+    common::check_properties(
+        "retention",
+        config,
+        &[
         ("", "{}"),
         (
             "preserve_original = false\n[plugin.retention.tools.search]\nturns = 1\nmode = \"compact\"\ncompact_length = 4\n\
@@ -572,38 +573,7 @@ fn properties_on_generated_histories() {
             "[plugin.retention.override]\nturns = 1\nmode = \"remove\"",
             r#"{"override":{"turns":1,"mode":"remove"}}"#,
         ),
-    ];
-        for (toml, json) in tables {
-            let config = config(toml);
-            let plugin = common::Plugin::load("retention", json);
-            let mut runner = common::runner();
-            let strategy = (e2e_tests::histories::history(), 1u64..9);
-            runner
-                .run(&strategy, |(history, turn)| {
-                    let fail =
-                        |what: String| TestCaseError::fail(format!("{what}\nconfig {toml:?}\n{history}"));
-                    // The host's check passes under on_plugin_error = "fail".
-                    config
-                        .run("c4", &history, Some(turn))
-                        .map_err(|e| fail(e.to_string()))?;
-                    // Applied twice with the same turns = applied once, and nothing invented.
-                    let input = common::prepared(&history, turn);
-                    let ctx = common::context(turn);
-                    let once = plugin.apply(&input, &ctx).map_err(fail)?;
-                    let twice = plugin.apply(&once, &ctx).map_err(fail)?;
-                    if once.len() > input.len() {
-                        return Err(fail("messages were added".into()));
-                    }
-                    if common::text(&once) != common::text(&twice) {
-                        return Err(fail(format!(
-                            "not idempotent:\nonce  {}\ntwice {}",
-                            common::text(&once),
-                            common::text(&twice)
-                        )));
-                    }
-                    Ok(())
-                })
-                .unwrap();
-        }
-    });
+        ],
+        false,
+    );
 }

@@ -374,9 +374,10 @@ mod common;
 
 #[test]
 fn properties_on_generated_histories() {
-    common::on_big_stack(|| {
-        use proptest::test_runner::TestCaseError;
-        let tables = [
+    common::check_properties(
+        "tool_result_filter",
+        config,
+        &[
             ("", "{}"),
             (
                 "keep = 1\nclear_tool_inputs = true\nmin_chars = 3\nexclude_tools = [\"delete\"]",
@@ -386,42 +387,7 @@ fn properties_on_generated_histories() {
                 "strategy = \"drop_all\"\npreserve_original = false\nclear_at_least = 5",
                 r#"{"strategy":"drop_all","preserve_original":false,"clear_at_least":5}"#,
             ),
-        ];
-        for (toml, json) in tables {
-            let config = config(toml);
-            let plugin = common::Plugin::load("tool_result_filter", json);
-            let mut runner = common::runner();
-            let strategy = (e2e_tests::histories::history(), 1u64..9);
-            runner
-                .run(&strategy, |(history, turn)| {
-                    let fail =
-                        |what: String| TestCaseError::fail(format!("{what}\nconfig {toml:?}\n{history}"));
-                    // The host's check passes under on_plugin_error = "fail".
-                    let run = config
-                        .run("c4", &history, Some(turn))
-                        .map_err(|e| fail(e.to_string()))?;
-                    let stage = &run.stages[1];
-                    if stage.messages_in != stage.messages_out {
-                        return Err(fail("the message count changed".into()));
-                    }
-                    // Applied twice with the same turns = applied once, and nothing invented.
-                    let input = common::prepared(&history, turn);
-                    let ctx = common::context(turn);
-                    let once = plugin.apply(&input, &ctx).map_err(fail)?;
-                    let twice = plugin.apply(&once, &ctx).map_err(fail)?;
-                    if once.len() != input.len() {
-                        return Err(fail("the message count changed".into()));
-                    }
-                    if common::text(&once) != common::text(&twice) {
-                        return Err(fail(format!(
-                            "not idempotent:\nonce  {}\ntwice {}",
-                            common::text(&once),
-                            common::text(&twice)
-                        )));
-                    }
-                    Ok(())
-                })
-                .unwrap();
-        }
-    });
+        ],
+        true,
+    );
 }

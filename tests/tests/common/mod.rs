@@ -114,3 +114,52 @@ pub fn runner() -> proptest::test_runner::TestRunner {
         ..proptest::test_runner::Config::default()
     })
 }
+
+/// The properties every plugin of the chain must have on generated histories, for each
+/// config `(TOML table body, the same table as JSON)`: through `config(toml)` the turn
+/// passes the host's check under `on_plugin_error = "fail"`; applied directly, the plugin
+/// adds no message (or, with `keeps_count`, changes no count), invents nothing, and
+/// applying it twice with the same turns gives what applying it once gave.
+pub fn check_properties(
+    plugin: &str,
+    config: impl Fn(&str) -> e2e_tests::TestConfig + Sync,
+    tables: &[(&str, &str)],
+    keeps_count: bool,
+) {
+    use proptest::test_runner::TestCaseError;
+    on_big_stack(|| {
+        for (toml, json) in tables {
+            let config = config(toml);
+            let instance = Plugin::load(plugin, json);
+            let strategy = (e2e_tests::histories::history(), 1u64..9);
+            runner()
+                .run(&strategy, |(history, turn)| {
+                    let fail =
+                        |what: String| TestCaseError::fail(format!("{what}\nconfig {toml:?}\n{history}"));
+                    let run = config
+                        .run("c4", &history, Some(turn))
+                        .map_err(|e| fail(e.to_string()))?;
+                    let stage = run.stages.iter().find(|s| s.plugin == plugin).unwrap();
+                    if keeps_count && stage.messages_in != stage.messages_out {
+                        return Err(fail("the message count changed in the chain".into()));
+                    }
+                    let input = prepared(&history, turn);
+                    let ctx = context(turn);
+                    let once = instance.apply(&input, &ctx).map_err(fail)?;
+                    let twice = instance.apply(&once, &ctx).map_err(fail)?;
+                    if once.len() > input.len() || (keeps_count && once.len() != input.len()) {
+                        return Err(fail(format!("{} messages in, {} out", input.len(), once.len())));
+                    }
+                    if text(&once) != text(&twice) {
+                        return Err(fail(format!(
+                            "not idempotent:\nonce  {}\ntwice {}",
+                            text(&once),
+                            text(&twice)
+                        )));
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+    });
+}
