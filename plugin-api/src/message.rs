@@ -53,11 +53,6 @@ impl Role {
     pub fn is_system(self) -> bool {
         matches!(self, Role::System | Role::Developer)
     }
-
-    /// Same role for every rule (`developer` equals `system`).
-    pub fn same_kind(self, other: Role) -> bool {
-        self == other || (self.is_system() && other.is_system())
-    }
 }
 
 /// One JSON object member kept verbatim: its key and its value as compact JSON text.
@@ -171,25 +166,6 @@ pub struct ToolCall {
     pub extra: RVec<Member>,
     /// Other members of the `function` object.
     pub function_extra: RVec<Member>,
-}
-
-impl ToolCall {
-    /// A `{"id", "type": "function", "function": {"name", "arguments"}}` call.
-    pub fn function(id: &str, name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            id: id.into(),
-            name: name.into(),
-            arguments: arguments.into(),
-            arguments_is_json: false,
-            has_function: true,
-            extra: vec![Member {
-                key: "type".into(),
-                json: "\"function\"".into(),
-            }]
-            .into(),
-            function_extra: RVec::new(),
-        }
-    }
 }
 
 /// `expiration.mode` (SPEC §2.2, §5.5).
