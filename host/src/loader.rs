@@ -240,6 +240,16 @@ pub fn library_files(dir: &Path) -> Result<Vec<PathBuf>, DiscoveryError> {
     Ok(files)
 }
 
+/// The file name of plugin `name`'s library (`x` → `libhistory_plugin_x.so` on Linux):
+/// the inverse of [`plugin_stem`].
+pub fn library_file_name(name: &str) -> String {
+    format!(
+        "{}{STEM_PREFIX}{name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
 /// The chain name a library file's name suggests (`libhistory_plugin_x.so` → `x`).
 pub fn plugin_stem(path: &Path) -> Option<&str> {
     let file = path.file_name()?.to_str()?;

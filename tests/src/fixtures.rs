@@ -7,15 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use crate::{plugin_dir, target_dir, workspace_root};
+use history_host::loader::library_file_name;
 
-fn library_name(package: &str) -> String {
-    format!(
-        "{}{package}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    )
-}
+use crate::{plugin_dir, target_dir, workspace_root};
 
 /// The fixtures' target folder.
 pub fn fixture_target() -> PathBuf {
@@ -47,13 +41,13 @@ pub fn cargo_in_fixture_target(manifest: &Path, args: &[&str]) {
     );
 }
 
-/// Builds `tests/fixtures` once per test process; returns the built library of `package`.
-pub fn fixture_library(package: &str) -> PathBuf {
+/// Builds `tests/fixtures` once per test process; returns the built library of plugin `name`.
+pub fn fixture_library(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         cargo_in_fixture_target(&workspace_root().join("tests/fixtures/Cargo.toml"), &["build"]);
     });
-    let path = fixture_target().join("debug").join(library_name(package));
+    let path = fixture_target().join("debug").join(library_file_name(name));
     assert!(path.exists(), "{} was not built", path.display());
     path
 }
@@ -141,9 +135,7 @@ pub fn plugin_built_against_changed_api(change: ApiChange) -> PathBuf {
     )
     .unwrap();
     cargo_in_fixture_target(&root.join("Cargo.toml"), &["build"]);
-    let path = fixture_target()
-        .join("debug")
-        .join(library_name(&format!("history_plugin_{name}")));
+    let path = fixture_target().join("debug").join(library_file_name(&name));
     assert!(path.exists(), "{} was not built", path.display());
     path
 }
@@ -181,7 +173,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// A temporary plugin folder holding the shipped `default` plus `libraries`.
 pub fn plugin_dir_with(libraries: &[&Path]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let default = library_name("history_plugin_default");
+    let default = library_file_name("default");
     std::fs::copy(plugin_dir().join(&default), dir.path().join(&default)).unwrap();
     for library in libraries {
         std::fs::copy(library, dir.path().join(library.file_name().unwrap())).unwrap();

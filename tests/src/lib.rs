@@ -34,12 +34,8 @@ pub fn target_dir() -> PathBuf {
 pub fn plugin_dir() -> PathBuf {
     let dir = target_dir().join("plugins");
     assert!(
-        dir.join(format!(
-            "{}history_plugin_default{}",
-            std::env::consts::DLL_PREFIX,
-            std::env::consts::DLL_SUFFIX
-        ))
-        .exists(),
+        dir.join(history_host::loader::library_file_name("default"))
+            .exists(),
         "{} has no plugins: run the tests with `cargo xtask test` (or `cargo xtask build` first)",
         dir.display()
     );

@@ -13,13 +13,7 @@ use std::sync::OnceLock;
 
 use e2e_tests::{agentctl, describe, json, plugin_dir, target_dir, workspace_root};
 
-fn library_file(name: &str) -> String {
-    format!(
-        "{}history_plugin_{name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    )
-}
+use history_host::loader::library_file_name as library_file;
 
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

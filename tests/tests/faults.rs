@@ -19,7 +19,7 @@ fn config(chain: &str, on_error: &str, dir: &std::path::Path) -> TestConfig {
 
 #[test]
 fn a_panicking_plugin_is_skipped_and_the_history_passed_on() {
-    let dir = plugin_dir_with(&[&fixture_library("history_plugin_panicker")]);
+    let dir = plugin_dir_with(&[&fixture_library("panicker")]);
     let config = config(r#"["default", "panicker"]"#, "skip", dir.path());
     let output = config.process(&["--explain"], HISTORY);
     assert!(output.status.success(), "{}", describe(&output));
@@ -35,7 +35,7 @@ fn a_panicking_plugin_is_skipped_and_the_history_passed_on() {
 
 #[test]
 fn a_panicking_plugin_fails_the_turn_under_fail_with_its_message() {
-    let dir = plugin_dir_with(&[&fixture_library("history_plugin_panicker")]);
+    let dir = plugin_dir_with(&[&fixture_library("panicker")]);
     let config = config(r#"["default", "panicker"]"#, "fail", dir.path());
     let output = config.process(&[], HISTORY);
     assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
@@ -57,7 +57,7 @@ fn a_panicking_plugin_fails_the_turn_under_fail_with_its_message() {
 
 #[test]
 fn an_invalid_output_is_named_by_the_check() {
-    let dir = plugin_dir_with(&[&fixture_library("history_plugin_orphan_maker")]);
+    let dir = plugin_dir_with(&[&fixture_library("orphan_maker")]);
     let failing = config(r#"["default", "orphan_maker"]"#, "fail", dir.path());
     let failure = failing.run("default", HISTORY, None).unwrap_err();
     assert_eq!(failure.plugin, "orphan_maker");

@@ -24,11 +24,9 @@ fn a_scaffolded_plugin_builds_loads_and_runs_in_a_chain() {
     let manifest = plugin.join("Cargo.toml");
     cargo_in_fixture_target(&manifest, &["test", "--quiet"]);
     cargo_in_fixture_target(&manifest, &["build"]);
-    let library = fixture_target().join("debug").join(format!(
-        "{}history_plugin_scaffolded_probe{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    ));
+    let library = fixture_target()
+        .join("debug")
+        .join(history_host::loader::library_file_name("scaffolded_probe"));
     let dir = plugin_dir_with(&[&library]);
     let config = TestConfig::new(&format!(
         "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"scaffolded_probe\"]\non_plugin_error = \"fail\"\n",
