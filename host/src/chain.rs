@@ -111,7 +111,7 @@ impl Chain {
                     None => format!(
                         "plugin \"{name}\" in the chain is not available in {} (available: {})",
                         config.plugin_dir.display(),
-                        available(catalog)
+                        catalog.available_names()
                     ),
                 };
                 return Err(config.error(line, message));
@@ -132,7 +132,7 @@ impl Chain {
                     "{}: [plugin.{}] names no available plugin (available: {})",
                     config.file.display(),
                     table.name,
-                    available(catalog)
+                    catalog.available_names()
                 );
             }
         }
@@ -162,7 +162,7 @@ impl Chain {
                     format!(
                         "plugin \"{name}\" is not available in {} (available: {})",
                         config.plugin_dir.display(),
-                        available(catalog)
+                        catalog.available_names()
                     ),
                 ));
             };
@@ -341,14 +341,6 @@ pub fn instantiate_library(config: &Config, library: &PluginLibrary) -> Result<P
         };
         config.error(line, format!("{place}: {}", err.message))
     })
-}
-
-fn available(catalog: &Catalog) -> String {
-    if catalog.plugins.is_empty() {
-        "none".to_string()
-    } else {
-        catalog.plugins.keys().cloned().collect::<Vec<_>>().join(", ")
-    }
 }
 
 fn log_events(plugin: &str, events: &[Event]) {

@@ -384,17 +384,8 @@ fn check_available(name: &str, config: &Config, catalog: &Catalog) -> Result<(),
     Err(Refused(format!(
         "unknown plugin \"{name}\": no library in {} exports it (available: {})",
         config.plugin_dir.display(),
-        available_names(catalog)
+        catalog.available_names()
     )))
-}
-
-/// The available plugins' names, for messages.
-pub fn available_names(catalog: &Catalog) -> String {
-    if catalog.plugins.is_empty() {
-        "none; build and install plugins with `cargo xtask build`".to_string()
-    } else {
-        catalog.plugins.keys().cloned().collect::<Vec<_>>().join(", ")
-    }
 }
 
 fn in_chain(name: &str, chain: &[String]) -> Result<usize, Refused> {

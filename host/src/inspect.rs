@@ -425,7 +425,7 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
                 report.warnings.push(format!(
                     "{}: [plugin.{name}] names no available plugin (available: {})",
                     config.file.display(),
-                    crate::edit::available_names(&catalog)
+                    catalog.available_names()
                 ));
                 continue;
             }
@@ -436,7 +436,7 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
                     None => format!(
                         "not available in {} (available: {})",
                         config.plugin_dir.display(),
-                        crate::edit::available_names(&catalog)
+                        catalog.available_names()
                     ),
                 });
             }

@@ -288,6 +288,15 @@ impl Catalog {
         Ok(catalog)
     }
 
+    /// The available plugins' names, for messages.
+    pub fn available_names(&self) -> String {
+        if self.plugins.is_empty() {
+            "none; build and install plugins with `cargo xtask build`".to_string()
+        } else {
+            self.plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
+    }
+
     /// The refusal of the library whose file name suggests `name`, if any.
     pub fn refusal_for(&self, name: &str) -> Option<&Refusal> {
         self.refused.iter().find(|r| plugin_stem(&r.path) == Some(name))
