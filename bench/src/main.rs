@@ -33,8 +33,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use history_bench::{generate, generate_messages, median, quantile, split_turns, to_json_text};
-use history_host::chain::stateless_context;
-use history_host::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
 use plugin_api::wire::parse_history;
 use plugin_api::{Message, ModelInfo, RArc, ROption, Tokenizer};
 use serde_json::{json, Value};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use history_host::loader::library_file_name;
+use history_engine::library_file_name;
 
 use crate::{plugin_dir, target_dir, workspace_root};
 

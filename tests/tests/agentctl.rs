@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use e2e_tests::{agentctl, describe, json, plugin_dir, target_dir, workspace_root};
 
-use history_host::loader::library_file_name as library_file;
+use history_engine::library_file_name as library_file;
 
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

@@ -1,19 +1,19 @@
 //! `default` (SPEC §5.1 and the shared rules of §5), through the real library.
 
 use e2e_tests::{json, run_json, TestConfig};
-use history_host::chain::stateless_context;
-use history_host::{load_chain, Call};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, Call};
 use plugin_api::EventKind;
 
 /// Runs the chain `["default"]` with `agent_max_ctx = window` and `[plugin.default]` settings.
-fn window(window: u64, settings: &str, history: &str) -> history_host::ChainRun {
+fn window(window: u64, settings: &str, history: &str) -> history_engine::ChainRun {
     let config = TestConfig::new(&format!(
         "[history]\nagent_max_ctx = {window}\non_plugin_error = \"fail\"\n[plugin.default]\n{settings}\n"
     ));
     config.run("default", history, None).unwrap()
 }
 
-fn contents(run: &history_host::ChainRun) -> Vec<String> {
+fn contents(run: &history_engine::ChainRun) -> Vec<String> {
     run.history
         .iter()
         .map(|m| match &m.content {

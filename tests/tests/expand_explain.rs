@@ -2,7 +2,7 @@
 //! in `--explain` with `--previous` (§5.2, §6.1) through the real binary.
 
 use e2e_tests::{describe, json, run_json, TestConfig};
-use history_host::expand::{expand, ExpandError, Target};
+use history_engine::expand::{expand, ExpandError, Target};
 use plugin_api::wire::message_to_string;
 use serde_json::{json as j, Value};
 

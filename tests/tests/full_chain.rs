@@ -30,7 +30,7 @@ fn shipped_config_with_a_tight_model() -> TestConfig {
 #[test]
 fn the_shipped_chain_is_the_full_chain() {
     let config = shipped_config_with_a_tight_model();
-    let (loaded, _, chain) = history_host::load_chain(&config.path).unwrap();
+    let (loaded, _, chain) = history_engine::load_chain(&config.path).unwrap();
     assert_eq!(
         chain.names(),
         [

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use e2e_tests::histories::history;
 use e2e_tests::{json, run_json, TestConfig};
-use history_host::ChainRun;
+use history_engine::ChainRun;
 use plugin_api::wire::history_to_string;
 use plugin_api::{EventKind, Tokenizer};
 use proptest::prelude::*;
@@ -192,7 +192,7 @@ fn is_subsequence(input: &[Value], output: &[Value]) -> bool {
 fn tokens(run: &ChainRun) -> u64 {
     run.history
         .iter()
-        .map(|m| history_host::tokens::message_tokens(Tokenizer::Chars4, m, 3))
+        .map(|m| history_engine::tokens::message_tokens(Tokenizer::Chars4, m, 3))
         .sum()
 }
 
@@ -200,7 +200,7 @@ fn input_tokens(input: &str) -> u64 {
     plugin_api::wire::history_from_str(input)
         .unwrap()
         .iter()
-        .map(|m| history_host::tokens::message_tokens(Tokenizer::Chars4, m, 3))
+        .map(|m| history_engine::tokens::message_tokens(Tokenizer::Chars4, m, 3))
         .sum()
 }
 

@@ -2,8 +2,8 @@
 //! `retention_policy`, then expiration.
 
 use e2e_tests::{describe, json, run_json, TestConfig};
-use history_host::chain::stateless_context;
-use history_host::{load_chain, Call};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, Call};
 use plugin_api::{ExpirationMode, ExpirationOverride, ROption};
 use serde_json::{json as j, Value};
 

@@ -3,7 +3,7 @@
 //! (`on_plugin_error = "fail"`).
 
 use e2e_tests::{json, run_json, TestConfig};
-use history_host::ChainRun;
+use history_engine::ChainRun;
 use plugin_api::wire::history_to_string;
 use plugin_api::EventKind;
 use serde_json::Value;
@@ -388,7 +388,7 @@ fn bad_config_is_refused_naming_the_key() {
         ("modes = \"drop\"", "modes"),
     ] {
         let config = config(table);
-        match history_host::load_chain(&config.path) {
+        match history_engine::load_chain(&config.path) {
             Ok(_) => panic!("{table} was accepted"),
             Err(e) => assert!(e.to_string().contains(key), "{e}"),
         }

@@ -26,7 +26,7 @@ fn a_scaffolded_plugin_builds_loads_and_runs_in_a_chain() {
     cargo_in_fixture_target(&manifest, &["build"]);
     let library = fixture_target()
         .join("debug")
-        .join(history_host::loader::library_file_name("scaffolded_probe"));
+        .join(history_engine::library_file_name("scaffolded_probe"));
     let dir = plugin_dir_with(&[&library]);
     let config = TestConfig::new(&format!(
         "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"scaffolded_probe\"]\non_plugin_error = \"fail\"\n",

@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use e2e_tests::{json, run_json, TestConfig};
-use history_host::chain::stateless_context;
-use history_host::{load_chain, Call, ChainRun};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, Call, ChainRun};
 use plugin_api::{EventKind, Tokenizer};
 
 /// Text of `n` ≥ 1 chars4 tokens (4·n characters), different every time so the output
@@ -330,7 +330,7 @@ pin_first_user = false
     let count = |tokenizer, per_message: u64, range: std::ops::Range<usize>| -> u64 {
         texts[range]
             .iter()
-            .map(|t| per_message + history_host::tokens::count_text(tokenizer, t))
+            .map(|t| per_message + history_engine::tokens::count_text(tokenizer, t))
             .sum()
     };
     let o200k_total = count(Tokenizer::O200kBase, 3, 0..4);
@@ -428,7 +428,7 @@ max_tokens = 3000
         let tokens: u64 = out
             .history
             .iter()
-            .map(|m| history_host::tokens::message_tokens(Tokenizer::O200kBase, m, 3))
+            .map(|m| history_engine::tokens::message_tokens(Tokenizer::O200kBase, m, 3))
             .sum();
         assert!(
             tokens <= 3000 || events(&out, EventKind::OverBudget) == 1,
@@ -469,7 +469,7 @@ fn langchain_trim_messages_agrees_except_where_the_spec_differs() {
         let parsed = plugin_api::wire::history_from_str(&input).unwrap();
         let total: u64 = parsed
             .iter()
-            .map(|m| history_host::tokens::message_tokens(Tokenizer::Chars4, m, 3))
+            .map(|m| history_engine::tokens::message_tokens(Tokenizer::Chars4, m, 3))
             .sum();
         assert_eq!(
             total,

@@ -184,9 +184,13 @@ fn build(release: bool) -> Result<PathBuf> {
     refuse_panic_abort(profile)?;
     let plugins = plugin_packages()?;
     let mut command = cargo();
-    command
-        .current_dir(workspace_root())
-        .args(["build", "--package", "history-host"]);
+    command.current_dir(workspace_root()).args([
+        "build",
+        "--package",
+        "history-host",
+        "--package",
+        "agentctl",
+    ]);
     for plugin in &plugins {
         command.args(["--package", plugin]);
     }

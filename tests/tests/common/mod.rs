@@ -5,9 +5,9 @@
 
 #![allow(dead_code)]
 
-use history_host::check::check_output;
-use history_host::loader::Catalog;
-use history_host::{logging, tokens, turns};
+use history_engine::check::check_output;
+use history_engine::Catalog;
+use history_engine::{logging, tokens, turns};
 use plugin_api::structure::Faults;
 use plugin_api::wire::{history_from_str, history_to_string};
 use plugin_api::{

@@ -9,10 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use agentctl::edit::{self, Edit};
+use agentctl::report;
 use clap::{Parser, Subcommand};
-use history_host::edit::{self, Edit};
-use history_host::loader::Catalog;
-use history_host::{inspect, logging, Config};
+use history_engine::{logging, selfcheck, Catalog, Config};
 
 #[derive(Parser)]
 #[command(
@@ -79,7 +79,7 @@ struct Failure(String);
 
 fn main() -> ExitCode {
     logging::one_line_panics("agentctl");
-    logging::init_cli_logging_at("error");
+    init_logging();
     let cli = Cli::parse();
     let json = cli.json;
     let result = match cli.command {
@@ -119,6 +119,36 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs to stderr; `HISTORY_LOG` sets the filter (default `error`: agentctl's reports and
+/// its one-line refusals are its output).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
+/// The environment variable of the fault-injection hook for tests: `after-write` makes
+/// the process exit after the temporary file is written and before it is renamed over the
+/// configuration (what a crash at the worst moment does).
+const FAULT_ENV: &str = "AGENTCTL_FAULT";
+
+/// The exit status of a process stopped by the fault hook.
+const FAULT_EXIT_STATUS: i32 = 70;
+
+fn fault_hook() {
+    if std::env::var(FAULT_ENV).is_ok_and(|v| v == "after-write") {
+        eprintln!(
+            "agentctl: {FAULT_ENV}=after-write: stopping before the rename (the configuration is unchanged)"
+        );
+        std::process::exit(FAULT_EXIT_STATUS);
+    }
+}
+
 /// A whole number argument, with a one-line refusal otherwise.
 fn number(text: &str, what: &str) -> Result<u64, Failure> {
     text.trim()
@@ -138,7 +168,7 @@ fn load_config(file: &Path) -> Result<Config, Failure> {
 }
 
 fn run_edit(file: &Path, edit: Edit, json: bool) -> Result<bool, Failure> {
-    let outcome = edit::run(file, &edit).map_err(|refused| Failure(refused.0))?;
+    let outcome = edit::run(file, &edit, &fault_hook).map_err(|refused| Failure(refused.0))?;
     if json {
         print_json(&serde_json::json!({
             "file": outcome.file.display().to_string(),
@@ -156,7 +186,7 @@ fn run_edit(file: &Path, edit: Edit, json: bool) -> Result<bool, Failure> {
 fn history_list(file: &Path, json: bool) -> Result<bool, Failure> {
     let config = load_config(file)?;
     let catalog = Catalog::discover(&config.plugin_dir);
-    let (text, value) = inspect::history_list(&config, &catalog);
+    let (text, value) = report::history_list(&config, &catalog);
     if json {
         print_json(&value);
     } else {
@@ -167,8 +197,9 @@ fn history_list(file: &Path, json: bool) -> Result<bool, Failure> {
 
 fn plugins(file: &Path, json: bool) -> Result<bool, Failure> {
     let config = load_config(file)?;
-    let statuses = inspect::plugins(&config).map_err(|err| Failure(format!("{}: {err}", file.display())))?;
-    let (text, value) = inspect::render_plugins(&config, &statuses);
+    let statuses =
+        selfcheck::plugins(&config).map_err(|err| Failure(format!("{}: {err}", file.display())))?;
+    let (text, value) = report::render_plugins(&config, &statuses);
     if json {
         print_json(&value);
     } else {
@@ -178,8 +209,8 @@ fn plugins(file: &Path, json: bool) -> Result<bool, Failure> {
 }
 
 fn check(file: &Path, json: bool) -> Result<bool, Failure> {
-    let report = inspect::check(file);
-    let (text, value) = inspect::render_check(&report);
+    let report = selfcheck::check(file);
+    let (text, value) = report::render_check(&report);
     if json {
         print_json(&value);
     } else {

@@ -208,11 +208,8 @@ impl Chain {
         // Serialized once: every stage compares against the same bytes.
         let previous: Option<Vec<String>> =
             previous.map(|p| p.iter().map(|m| plugin_api::wire::message_to_string(m)).collect());
-        let prefix_kept = |history: &[RArc<Message>]| {
-            previous
-                .as_deref()
-                .map(|previous| crate::report::prefix_kept(previous, history))
-        };
+        let prefix_kept =
+            |history: &[RArc<Message>]| previous.as_deref().map(|previous| prefix_kept(previous, history));
         turns::assign_origins(&mut history);
         turns::derive_turns(&mut history, ctx.turn);
         let tokenizer = ctx.model.tokenizer;
@@ -292,7 +289,6 @@ impl Chain {
             tokens_in,
             tokens_out: tokens_now,
         };
-        tracing::info!("{}", crate::report::summary_line(&run));
         Ok(run)
     }
 }
@@ -370,5 +366,45 @@ pub fn stateless_context(config: &Config, model: ModelInfo, turn: u64) -> Contex
         expiration_override: ROption::RNone,
         tokens: tokens::counter(),
         log: logging::logger(),
+    }
+}
+
+/// `prefix_kept` (§5.2): the index of the first message of `history` whose bytes (compact
+/// JSON, [`plugin_api::wire::message_to_string`]) differ from `previous` (the previous
+/// output, already serialized). A message past either end differs; two equal histories
+/// give their length.
+pub(crate) fn prefix_kept(previous: &[String], history: &[RArc<Message>]) -> usize {
+    history
+        .iter()
+        .zip(previous)
+        .take_while(|(message, bytes)| plugin_api::wire::message_to_string(message) == **bytes)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_kept_is_the_first_index_whose_bytes_differ() {
+        let history = plugin_api::wire::history_from_str(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
+        )
+        .unwrap();
+        let bytes: Vec<String> = history
+            .iter()
+            .map(|m| plugin_api::wire::message_to_string(m))
+            .collect();
+        assert_eq!(prefix_kept(&bytes, &history), 3);
+        assert_eq!(
+            prefix_kept(&bytes[..2], &history),
+            2,
+            "new messages after the previous ones"
+        );
+        assert_eq!(prefix_kept(&bytes, &history[..1]), 1, "the output is shorter");
+        let mut changed = bytes.clone();
+        changed[1] = r#"{"role":"assistant","content":"B"}"#.to_string();
+        assert_eq!(prefix_kept(&changed, &history), 1);
+        assert_eq!(prefix_kept(&[], &history), 0);
     }
 }

@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use history_host::chain::stateless_context;
-use history_host::document::parse_document;
-use history_host::{load_chain, logging, report, Call};
+use history_engine::document::parse_document;
+use history_engine::{load_chain, logging, stateless_context, turns, Call};
 use plugin_api::wire::write_message;
+
+mod explain;
 
 #[derive(Parser)]
 #[command(
@@ -62,7 +63,7 @@ fn bad_input(message: String) -> Failure {
 
 fn main() -> ExitCode {
     logging::one_line_panics("history-host");
-    logging::init_cli_logging();
+    init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Process {
@@ -80,6 +81,20 @@ fn main() -> ExitCode {
             ExitCode::from(failure.status)
         }
     }
+}
+
+/// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter
+/// (`tracing_subscriber::EnvFilter` syntax, default `info`: one summary line per run).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .try_init();
 }
 
 fn read_input(input: &str) -> Result<Vec<u8>, Failure> {
@@ -119,7 +134,7 @@ fn process(
 
     let model_name = model.or(document.model).unwrap_or_else(|| "default".to_string());
     let model = config.model(&model_name);
-    let turn = history_host::turns::current_turn(&document.messages, document.turn);
+    let turn = turns::current_turn(&document.messages, document.turn);
     let tokenizer = model.tokenizer.as_str();
     let ctx = stateless_context(&config, model, turn);
     let run = chain
@@ -129,10 +144,11 @@ fn process(
             message: failure.to_string(),
         })?;
 
+    tracing::info!("{}", history_engine::summary::summary_line(&run));
     if explain {
         eprint!(
             "{}",
-            report::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx)
+            explain::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx)
         );
     } else if let Some(kept) = run.prefix_kept {
         tracing::info!(

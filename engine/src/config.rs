@@ -23,6 +23,16 @@ pub enum OnPluginError {
     Fail,
 }
 
+impl OnPluginError {
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnPluginError::Skip => "skip",
+            OnPluginError::Fail => "fail",
+        }
+    }
+}
+
 /// A `[models.NAME]` table as written (keys it lacks are `None`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelTable {

@@ -1,5 +1,6 @@
 //! Logging: the callback plugins log through (their own copy of `tracing` cannot reach
-//! ours, SPEC §3.2), tagged with the plugin that is running, and the CLI's subscriber.
+//! ours), tagged with the plugin that is running; and the one-line panic hook of every
+//! binary. The subscriber that writes the lines is the binaries' choice.
 
 use std::cell::RefCell;
 
@@ -33,26 +34,6 @@ extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
 /// The logger handed to plugins.
 pub fn logger() -> Logger {
     Logger::new(plugin_log)
-}
-
-/// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter
-/// (`tracing_subscriber::EnvFilter` syntax, default `info`).
-pub fn init_cli_logging() {
-    init_cli_logging_at("info");
-}
-
-/// [`init_cli_logging`] with another default filter (`agentctl` shows errors only: its
-/// reports and its one-line refusals are its output).
-pub fn init_cli_logging_at(default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .with_target(false)
-        .try_init();
 }
 
 /// Makes a panic (a bug) end in one line on stderr, `PROGRAM: internal error: …`, never a
