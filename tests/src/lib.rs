@@ -82,16 +82,16 @@ pub fn agentctl(config: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     run_with_stdin(command, "")
 }
 
-/// `../shared/data/real/`: real agent conversations.
+/// `tests/data/real/`: real agent conversations written by others (see its SOURCES.md).
 pub fn real_data_dir() -> PathBuf {
-    workspace_root().join("../shared/data/real")
+    workspace_root().join("tests/data/real")
 }
 
 /// Every real conversation: (name, JSON array text). `.jsonl` files give one per line.
 pub fn real_conversations() -> Vec<(String, String)> {
     let mut conversations = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(real_data_dir())
-        .expect("../shared/data/real")
+        .expect("tests/data/real")
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
