@@ -37,16 +37,22 @@ enum Command {
     /// Show the chain, agent_max_ctx, max_users, the idle timeout, the models and the
     /// available plugins.
     HistoryList,
-    /// Append an available plugin to the chain (or insert it at --at POS).
+    /// Append an available plugin to the chain (or insert it at --at POS); with --view,
+    /// to the view (run after the chain on what is sent; its changes are not kept).
     HistoryChainAdd {
         name: String,
-        /// Position in the resulting chain: 1 is right after default.
+        /// Position in the resulting list: in the chain 1 is right after default; in the
+        /// view 0 is first.
         #[arg(long, value_name = "POS", allow_hyphen_values = true)]
         at: Option<String>,
+        /// Add to `[history] view` instead of the chain.
+        #[arg(long)]
+        view: bool,
     },
-    /// Remove a plugin from the chain.
+    /// Remove a plugin from the chain or the view, whichever holds it.
     HistoryChainRemove { name: String },
-    /// Move a plugin of the chain to position POS (1 is right after default).
+    /// Move a plugin to position POS of the list holding it (in the chain 1 is right
+    /// after default).
     HistoryChainMove {
         name: String,
         #[arg(value_name = "POS", allow_hyphen_values = true)]
@@ -86,12 +92,12 @@ fn main() -> ExitCode {
         Command::HistoryList => history_list(&cli.config, json),
         Command::Plugins => plugins(&cli.config, json),
         Command::Check => check(&cli.config, json),
-        Command::HistoryChainAdd { name, at } => at
+        Command::HistoryChainAdd { name, at, view } => at
             .map(|at| number(&at, "history-chain-add --at POS"))
             .transpose()
             .and_then(|at| {
                 let at = at.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-                run_edit(&cli.config, Edit::ChainAdd { name, at }, json)
+                run_edit(&cli.config, Edit::ChainAdd { name, at, view }, json)
             }),
         Command::HistoryChainRemove { name } => run_edit(&cli.config, Edit::ChainRemove { name }, json),
         Command::HistoryChainMove { name, position } => {

@@ -29,25 +29,42 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
     let mut text = String::new();
     let _ = writeln!(text, "config: {}", config.file.display());
     let _ = writeln!(text, "plugin_dir: {}", config.plugin_dir.display());
-    let _ = writeln!(text, "chain:");
-    let width = config.chain.iter().map(String::len).max().unwrap_or(0);
-    let mut chain_json = Vec::new();
-    for (position, name) in config.chain.iter().enumerate() {
-        let (summary, problem) = describe(name);
-        let shown = match (&summary, &problem) {
-            (Some(summary), _) => summary.clone(),
-            (None, Some(problem)) => format!("(!) {problem}"),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(text, "  {position}  {name:<width$}  {shown}");
-        chain_json.push(json!({
-            "position": position,
-            "name": name,
-            "description": summary,
-            "available": problem.is_none(),
-            "problem": problem,
-        }));
-    }
+    let width = config
+        .chain
+        .iter()
+        .chain(&config.view)
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    let mut list = |title: &str, names: &[String]| {
+        let _ = writeln!(text, "{title}");
+        if names.is_empty() {
+            let _ = writeln!(text, "  (none)");
+        }
+        let mut entries = Vec::new();
+        for (position, name) in names.iter().enumerate() {
+            let (summary, problem) = describe(name);
+            let shown = match (&summary, &problem) {
+                (Some(summary), _) => summary.clone(),
+                (None, Some(problem)) => format!("(!) {problem}"),
+                (None, None) => String::new(),
+            };
+            let _ = writeln!(text, "  {position}  {name:<width$}  {shown}");
+            entries.push(json!({
+                "position": position,
+                "name": name,
+                "description": summary,
+                "available": problem.is_none(),
+                "problem": problem,
+            }));
+        }
+        entries
+    };
+    let chain_json = list("chain:", &config.chain);
+    let view_json = list(
+        "view (run after the chain on what is sent; not kept):",
+        &config.view,
+    );
     let timeout = match config.session_idle_timeout_minutes {
         0 => "0 (never reap)".to_string(),
         m => m.to_string(),
@@ -94,7 +111,9 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
             let others: Vec<&PluginLibrary> = catalog
                 .plugins
                 .values()
-                .filter(|library| !config.chain.contains(&library.name))
+                .filter(|library| {
+                    !config.chain.contains(&library.name) && !config.view.contains(&library.name)
+                })
                 .collect();
             if others.is_empty() {
                 let _ = writeln!(text, "available, not in the chain: none");
@@ -124,6 +143,7 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
         "config": config.file.display().to_string(),
         "plugin_dir": config.plugin_dir.display().to_string(),
         "chain": chain_json,
+        "view": view_json,
         "agent_max_ctx": config.agent_max_ctx,
         "max_users": config.max_users,
         "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
@@ -162,7 +182,7 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
     let file_width = statuses.iter().map(|s| file_name(s).len()).max().unwrap_or(0);
     for status in statuses {
         let enabled = match status.position {
-            Some(p) => format!("enabled (position {p})"),
+            Some(p) => format!("enabled ({p})"),
             None => "not enabled".to_string(),
         };
         let loads = if status.loads {
@@ -191,7 +211,8 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
             "loads": s.loads,
             "reason": s.reason,
             "enabled": s.enabled,
-            "position": s.position,
+            "position": s.position.map(|p| p.position),
+            "list": s.position.map(|p| p.list()),
             "description": s.summary,
         })).collect::<Vec<_>>(),
     });
@@ -204,7 +225,7 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
     let _ = writeln!(text, "config: {}", report.config.display());
     for plugin in &report.plugins {
         let place = match plugin.position {
-            Some(p) => format!("position {p}"),
+            Some(p) => p.to_string(),
             None => "not in the chain".to_string(),
         };
         let state = match &plugin.problem {
@@ -256,7 +277,8 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
         "plugins": report.plugins.iter().map(|p| json!({
             "name": p.name,
             "version": p.version,
-            "position": p.position,
+            "position": p.position.map(|p| p.position),
+            "list": p.position.map(|p| p.list()),
             "ok": p.ok,
             "problem": p.problem,
         })).collect::<Vec<_>>(),

@@ -19,9 +19,14 @@ pub struct Stage {
     instance: PluginBox,
 }
 
-/// The ordered chain of plugin instances.
+/// The ordered stages of a run: the `chain`, whose output is the working history, then
+/// the `view`, whose output is what is sent this turn and is never kept.
+///
+/// A `Chain` is `Send + Sync`: one loaded chain serves every session's turns at once, and
+/// [`SharedChain`] swaps a reloaded one in between turns.
 pub struct Chain {
     pub stages: Vec<Stage>,
+    pub view: Vec<Stage>,
     pub on_error: OnPluginError,
 }
 
@@ -43,6 +48,8 @@ pub struct StageReport {
     pub tokens_in: u64,
     pub tokens_out: u64,
     pub events: Vec<Event>,
+    /// A `view` stage (its output is sent, not kept).
+    pub view: bool,
     /// Why the plugin's result was not used (`on_plugin_error = "skip"`).
     pub skipped: Option<String>,
     pub elapsed: Duration,
@@ -54,8 +61,12 @@ pub struct StageReport {
 /// The result of a chain run.
 #[derive(Debug, Clone)]
 pub struct ChainRun {
-    /// The final history: what goes to the model.
+    /// The sent history: the last `view` stage's output (the working history when there is
+    /// no view), what goes to the model this turn.
     pub history: Vec<RArc<Message>>,
+    /// The working history: the last `chain` stage's output, what a session keeps and the
+    /// next turn's messages are appended to.
+    pub working: Vec<RArc<Message>>,
     /// Structural faults of the chain's input (accepted and reported, §2.1.1).
     pub input_faults: Vec<String>,
     pub stages: Vec<StageReport>,
@@ -102,29 +113,10 @@ impl Chain {
     /// chain or not (so `agentctl` can enable it safely); a table naming no available
     /// plugin is a warning.
     pub fn load(config: &Config, catalog: &Catalog) -> Result<Chain, ConfigError> {
-        let mut stages = Vec::new();
-        for name in &config.chain {
-            let Some(library) = catalog.plugins.get(name) else {
-                let line = config.history_key_line("chain");
-                let message = match catalog.refusal_for(name) {
-                    Some(refusal) => format!("plugin \"{name}\" in the chain cannot be loaded: {refusal}"),
-                    None => format!(
-                        "plugin \"{name}\" in the chain is not available in {} (available: {})",
-                        config.plugin_dir.display(),
-                        catalog.available_names()
-                    ),
-                };
-                return Err(config.error(line, message));
-            };
-            let instance = instantiate(config, catalog, name)?;
-            stages.push(Stage {
-                name: name.clone(),
-                version: library.version.clone(),
-                instance: instance.expect("a cataloged plugin"),
-            });
-        }
+        let stages = load_stages(config, catalog, "chain", &config.chain)?;
+        let view = load_stages(config, catalog, "view", &config.view)?;
         for table in &config.plugins {
-            if config.chain.contains(&table.name) {
+            if config.chain.contains(&table.name) || config.view.contains(&table.name) {
                 continue;
             }
             if instantiate(config, catalog, &table.name)?.is_none() {
@@ -138,6 +130,7 @@ impl Chain {
         }
         Ok(Chain {
             stages,
+            view,
             on_error: config.on_plugin_error,
         })
     }
@@ -174,6 +167,7 @@ impl Chain {
         }
         Ok(Chain {
             stages,
+            view: Vec::new(),
             on_error: config.on_plugin_error,
         })
     }
@@ -181,6 +175,11 @@ impl Chain {
     /// The chain's plugin names, in order.
     pub fn names(&self) -> Vec<&str> {
         self.stages.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// The view's plugin names, in order.
+    pub fn view_names(&self) -> Vec<&str> {
+        self.view.iter().map(|s| s.name.as_str()).collect()
     }
 
     /// Runs every plugin in order, checking each output (§4.3) and handling faults by
@@ -196,8 +195,8 @@ impl Chain {
     }
 
     /// [`Chain::run`], also reporting per stage and for the final history how much of
-    /// `previous` (the previous turn's output) is kept byte for byte: `prefix_kept`, what
-    /// each plugin costs the provider's prompt cache (§5.2).
+    /// `previous` (the previous turn's sent history) is kept byte for byte: `prefix_kept`,
+    /// what each plugin costs the provider's prompt cache.
     pub fn run_compared(
         &self,
         mut history: Vec<RArc<Message>>,
@@ -212,85 +211,116 @@ impl Chain {
             |history: &[RArc<Message>]| previous.as_deref().map(|previous| prefix_kept(previous, history));
         turns::assign_origins(&mut history);
         turns::derive_turns(&mut history, ctx.turn);
-        let tokenizer = ctx.model.tokenizer;
         let input_faults = Faults::of(&history);
         let input_fault_lines = input_faults.describe(&history);
         for line in &input_fault_lines {
             tracing::warn!("structural fault in the input: {line}");
         }
-        let messages_in = history.len();
-        let tokens_in = tokens::history_tokens(tokenizer, &history);
-        let mut faults = input_faults.count();
-        let mut tokens_now = tokens_in;
-        let mut stages = Vec::with_capacity(self.stages.len());
-
-        for stage in &self.stages {
-            let started = Instant::now();
-            let result = logging::with_plugin(&stage.name, || stage.call(&history, ctx, call));
-            let checked = result.and_then(|output| {
-                if is_passthrough(&history, &output.history) {
-                    return Ok((output, faults));
-                }
-                // Identities are unique here (assign_origins above), so a plain selection
-                // needs only the structural check, not the full one that hashes the input.
-                let output_faults = if is_selection(&history, &output.history) {
-                    check_faults(&output.history, faults)
-                } else {
-                    check_output(&history, faults, &output.history)
-                }
-                .map_err(|e| format!("invalid output: {e}"))?;
-                Ok((output, output_faults.count()))
-            });
-            let elapsed = started.elapsed();
-            let mut report = StageReport {
-                plugin: stage.name.clone(),
-                messages_in: history.len(),
-                messages_out: history.len(),
-                tokens_in: tokens_now,
-                tokens_out: tokens_now,
-                events: Vec::new(),
-                skipped: None,
-                elapsed,
-                prefix_kept: None,
-            };
-            match checked {
-                Ok((output, output_faults)) => {
-                    history = output.history.into_iter().collect();
-                    faults = output_faults;
-                    tokens_now = tokens::history_tokens(tokenizer, &history);
-                    report.messages_out = history.len();
-                    report.tokens_out = tokens_now;
-                    report.events = output.events.into_iter().collect();
-                    log_events(&stage.name, &report.events);
-                }
-                Err(message) => match self.on_error {
-                    OnPluginError::Fail => {
-                        return Err(PluginFailure {
-                            plugin: stage.name.clone(),
-                            message,
-                        })
-                    }
-                    OnPluginError::Skip => {
-                        tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
-                        report.skipped = Some(message);
-                    }
-                },
+        let mut state = RunState {
+            messages_in: history.len(),
+            tokens: tokens::history_tokens(ctx.model.tokenizer, &history),
+            faults: input_faults.count(),
+            history,
+        };
+        let tokens_in = state.tokens;
+        let mut stages = Vec::with_capacity(self.stages.len() + self.view.len());
+        let mut working = None;
+        for (index, stage) in self.stages.iter().chain(&self.view).enumerate() {
+            if index == self.stages.len() {
+                working = Some(state.history.clone());
             }
-            report.prefix_kept = prefix_kept(&history);
+            let mut report = self.run_stage(stage, &mut state, ctx, call)?;
+            report.view = index >= self.stages.len();
+            report.prefix_kept = prefix_kept(&state.history);
             stages.push(report);
         }
-
-        let run = ChainRun {
+        let history = state.history;
+        Ok(ChainRun {
             prefix_kept: prefix_kept(&history),
+            working: working.unwrap_or_else(|| history.clone()),
             history,
             input_faults: input_fault_lines,
             stages,
-            messages_in,
+            messages_in: state.messages_in,
             tokens_in,
-            tokens_out: tokens_now,
-        };
-        Ok(run)
+            tokens_out: state.tokens,
+        })
     }
+
+    /// Calls one stage on the current history, checks its output and, when it passes,
+    /// makes it the current history; a fault is skipped or fails the run by
+    /// `on_plugin_error`.
+    fn run_stage(
+        &self,
+        stage: &Stage,
+        state: &mut RunState,
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<StageReport, PluginFailure> {
+        let started = Instant::now();
+        let history = &state.history;
+        let result = logging::with_plugin(&stage.name, || stage.call(history, ctx, call));
+        let checked = result.and_then(|output| {
+            if is_passthrough(history, &output.history) {
+                return Ok((output, state.faults));
+            }
+            // Identities are unique here (assign_origins), so a plain selection needs
+            // only the structural check, not the full one that hashes the input.
+            let output_faults = if is_selection(history, &output.history) {
+                check_faults(&output.history, state.faults)
+            } else {
+                check_output(history, state.faults, &output.history)
+            }
+            .map_err(|e| format!("invalid output: {e}"))?;
+            Ok((output, output_faults.count()))
+        });
+        let mut report = StageReport {
+            plugin: stage.name.clone(),
+            view: false,
+            messages_in: history.len(),
+            messages_out: history.len(),
+            tokens_in: state.tokens,
+            tokens_out: state.tokens,
+            events: Vec::new(),
+            skipped: None,
+            elapsed: started.elapsed(),
+            prefix_kept: None,
+        };
+        match checked {
+            Ok((output, output_faults)) => {
+                state.history = output.history.into_iter().collect();
+                state.faults = output_faults;
+                state.tokens = tokens::history_tokens(ctx.model.tokenizer, &state.history);
+                report.messages_out = state.history.len();
+                report.tokens_out = state.tokens;
+                report.events = output.events.into_iter().collect();
+                log_events(&stage.name, &report.events);
+            }
+            Err(message) => match self.on_error {
+                OnPluginError::Fail => {
+                    return Err(PluginFailure {
+                        plugin: stage.name.clone(),
+                        message,
+                    })
+                }
+                OnPluginError::Skip => {
+                    tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
+                    report.skipped = Some(message);
+                }
+            },
+        }
+        Ok(report)
+    }
+}
+
+/// What a run carries from stage to stage.
+struct RunState {
+    history: Vec<RArc<Message>>,
+    messages_in: usize,
+    /// Tokens of `history` (the default per-message overhead).
+    tokens: u64,
+    /// Structural faults of `history`: no stage may add to them.
+    faults: usize,
 }
 
 impl Stage {
@@ -310,6 +340,36 @@ impl Stage {
             RResult::RErr(message) => Err(message.into()),
         }
     }
+}
+
+/// Instantiates the stages of one list (`chain` or `view`), each with its table.
+fn load_stages(
+    config: &Config,
+    catalog: &Catalog,
+    list: &str,
+    names: &[String],
+) -> Result<Vec<Stage>, ConfigError> {
+    let mut stages = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(library) = catalog.plugins.get(name) else {
+            let line = config.history_key_line(list);
+            let message = match catalog.refusal_for(name) {
+                Some(refusal) => format!("plugin \"{name}\" in the {list} cannot be loaded: {refusal}"),
+                None => format!(
+                    "plugin \"{name}\" in the {list} is not available in {} (available: {})",
+                    config.plugin_dir.display(),
+                    catalog.available_names()
+                ),
+            };
+            return Err(config.error(line, message));
+        };
+        stages.push(Stage {
+            name: name.clone(),
+            version: library.version.clone(),
+            instance: instantiate_library(config, library)?,
+        });
+    }
+    Ok(stages)
 }
 
 /// Builds plugin `name`'s instance with its table; `Ok(None)` when it is not available.
@@ -369,6 +429,33 @@ pub fn stateless_context(config: &Config, model: ModelInfo, turn: u64) -> Contex
     }
 }
 
+/// The chain a service runs, swappable while turns run: a turn takes the current chain
+/// ([`SharedChain::current`]) and runs wholly on it, while a reload puts a new one in
+/// place ([`SharedChain::replace`]) for the turns that start after.
+pub struct SharedChain {
+    current: std::sync::RwLock<std::sync::Arc<Chain>>,
+}
+
+impl SharedChain {
+    pub fn new(chain: Chain) -> SharedChain {
+        SharedChain {
+            current: std::sync::RwLock::new(std::sync::Arc::new(chain)),
+        }
+    }
+
+    /// The chain to run a turn on.
+    pub fn current(&self) -> std::sync::Arc<Chain> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `chain` in place for the turns that start from now on; returns the old one
+    /// (turns running on it finish on it).
+    pub fn replace(&self, chain: Chain) -> std::sync::Arc<Chain> {
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *current, std::sync::Arc::new(chain))
+    }
+}
+
 /// `prefix_kept` (§5.2): the index of the first message of `history` whose bytes (compact
 /// JSON, [`plugin_api::wire::message_to_string`]) differ from `previous` (the previous
 /// output, already serialized). A message past either end differs; two equal histories
@@ -384,6 +471,13 @@ pub(crate) fn prefix_kept(previous: &[String], history: &[RArc<Message>]) -> usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_can_serve_many_threads() {
+        fn shared_across_threads<T: Send + Sync>() {}
+        shared_across_threads::<Chain>();
+        shared_across_threads::<SharedChain>();
+    }
 
     #[test]
     fn prefix_kept_is_the_first_index_whose_bytes_differ() {

@@ -77,7 +77,10 @@ pub struct Config {
     pub max_users: u64,
     pub session_idle_timeout_minutes: u64,
     pub agent_max_ctx: u64,
+    /// `[history] chain`: its output is the working history, kept from turn to turn.
     pub chain: Vec<String>,
+    /// `[history] view`: run after the chain on what is sent this turn; never kept.
+    pub view: Vec<String>,
     pub on_plugin_error: OnPluginError,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
@@ -85,6 +88,34 @@ pub struct Config {
     pub plugins: Vec<PluginTable>,
     source: String,
     document: Document<String>,
+}
+
+/// Where a plugin runs: its list (`chain` or `view`) and its position there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub view: bool,
+    pub position: usize,
+}
+
+impl Place {
+    /// `chain` or `view`.
+    pub fn list(self) -> &'static str {
+        if self.view {
+            "view"
+        } else {
+            "chain"
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.view {
+            write!(f, "view position {}", self.position)
+        } else {
+            write!(f, "position {}", self.position)
+        }
+    }
 }
 
 /// Whether `name` is a plain chain identifier (never a path): lowercase ASCII letters,
@@ -238,19 +269,42 @@ impl Config {
             .integer(root, "session_idle_timeout_minutes", "the top level", 0)?
             .unwrap_or(DEFAULT_IDLE_TIMEOUT_MINUTES);
 
-        let (mut agent_max_ctx, mut chain, mut on_plugin_error) = (
+        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error) = (
             DEFAULT_AGENT_MAX_CTX,
             vec!["default".to_string()],
+            Vec::new(),
             OnPluginError::Skip,
         );
         if let Some(history) = reader.table(root, "history", "the top level")? {
             let place = "[history]";
-            reader.refuse_unknown(history, place, &["agent_max_ctx", "chain", "on_plugin_error"])?;
+            reader.refuse_unknown(
+                history,
+                place,
+                &["agent_max_ctx", "chain", "view", "on_plugin_error"],
+            )?;
             agent_max_ctx = reader
                 .integer(history, "agent_max_ctx", place, 1)?
                 .unwrap_or(agent_max_ctx);
             if let Some(item) = history.get("chain") {
-                chain = parse_chain(&reader, history, item)?;
+                chain = parse_plugin_list(&reader, history, "chain", item)?;
+                check_default_first(&reader, history, &chain)?;
+            }
+            if let Some(item) = history.get("view") {
+                view = parse_plugin_list(&reader, history, "view", item)?;
+                for name in &view {
+                    let refuse = |message: String| Err(reader.key_error(history, "view", message));
+                    if name == "default" {
+                        return refuse(
+                            "\"default\" cannot be in the view: it is the first stage of the chain"
+                                .to_string(),
+                        );
+                    }
+                    if chain.contains(name) {
+                        return refuse(format!(
+                            "plugin \"{name}\" is in both the chain and the view: a plugin runs in one of them"
+                        ));
+                    }
+                }
             }
             on_plugin_error = match reader.string(history, "on_plugin_error", place)? {
                 None | Some("skip") => OnPluginError::Skip,
@@ -317,6 +371,7 @@ impl Config {
             session_idle_timeout_minutes,
             agent_max_ctx,
             chain,
+            view,
             on_plugin_error,
             models,
             plugins,
@@ -327,6 +382,17 @@ impl Config {
 
     /// The settings a call on model `name` gets (SPEC §4.1): the listed table, keys it
     /// lacks from `[models.default]`, then the built-in defaults.
+    /// Where plugin `name` runs, if it is in the chain or the view.
+    pub fn place_of(&self, name: &str) -> Option<Place> {
+        let find = |names: &[String], view| {
+            names
+                .iter()
+                .position(|n| n == name)
+                .map(|position| Place { view, position })
+        };
+        find(&self.chain, false).or_else(|| find(&self.view, true))
+    }
+
     pub fn model(&self, name: &str) -> ModelInfo {
         let table = |n: &str| self.models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
         let listed = table(name);
@@ -399,34 +465,46 @@ impl Config {
     }
 }
 
-fn parse_chain(reader: &Reader<'_>, history: &Table, item: &Item) -> Result<Vec<String>, ConfigError> {
-    let error = |message: String| reader.key_error(history, "chain", message);
+/// A list of plugin names (`chain` or `view` in `[history]`): plain identifiers, each once.
+fn parse_plugin_list(
+    reader: &Reader<'_>,
+    history: &Table,
+    key: &str,
+    item: &Item,
+) -> Result<Vec<String>, ConfigError> {
+    let error = |message: String| reader.key_error(history, key, message);
     let Some(array) = item.as_array() else {
         return Err(error(format!(
-            "`chain` in [history] must be an array of plugin names, found {}",
+            "`{key}` in [history] must be an array of plugin names, found {}",
             shown(item)
         )));
     };
-    let mut chain: Vec<String> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     for value in array.iter() {
         let Some(name) = value.as_str() else {
             return Err(error(format!(
-                "`chain` entries must be plugin names, found {}",
+                "`{key}` entries must be plugin names, found {}",
                 value.to_string().trim()
             )));
         };
         if !is_plugin_name(name) {
             return Err(error(format!(
-                "chain entry \"{name}\" is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths"
+                "{key} entry \"{name}\" is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths"
             )));
         }
-        if chain.iter().any(|n| n == name) {
-            return Err(error(format!("plugin \"{name}\" is listed twice in the chain")));
+        if names.iter().any(|n| n == name) {
+            return Err(error(format!("plugin \"{name}\" is listed twice in the {key}")));
         }
-        chain.push(name.to_string());
+        names.push(name.to_string());
     }
+    Ok(names)
+}
+
+/// `default` is the chain's first stage, always: it can be neither moved nor removed.
+fn check_default_first(reader: &Reader<'_>, history: &Table, chain: &[String]) -> Result<(), ConfigError> {
+    let error = |message: String| reader.key_error(history, "chain", message);
     match chain.iter().position(|n| n == "default") {
-        Some(0) => Ok(chain),
+        Some(0) => Ok(()),
         Some(at) => Err(error(format!(
             "\"default\" must be first in the chain (found at position {at}); it can be neither moved nor removed"
         ))),
@@ -538,6 +616,32 @@ mod tests {
         assert!(err.message.contains("listed twice"), "{err}");
         let err = parse("[history\n").unwrap_err();
         assert!(err.message.starts_with("not valid TOML"), "{err}");
+    }
+
+    #[test]
+    fn the_view_lists_plugins_run_after_the_chain() {
+        let config = parse("[history]\nchain = [\"default\", \"a\"]\nview = [\"role_pair\"]\n").unwrap();
+        assert_eq!(config.chain, ["default", "a"]);
+        assert_eq!(config.view, ["role_pair"]);
+        assert!(parse("").unwrap().view.is_empty());
+        let refused = |text: &str| parse(text).unwrap_err();
+        let err = refused("[history]\nview = [\"default\"]\n");
+        assert_eq!(err.line, Some(2));
+        assert!(err.message.contains("\"default\" cannot be in the view"), "{err}");
+        let err = refused("[history]\nchain = [\"default\", \"a\"]\n\nview = [\"a\"]\n");
+        assert_eq!(err.line, Some(4));
+        assert!(
+            err.message
+                .contains("plugin \"a\" is in both the chain and the view"),
+            "{err}"
+        );
+        let err = refused("[history]\nview = [\"a\", \"a\"]\n");
+        assert!(err.message.contains("listed twice in the view"), "{err}");
+        let err = refused("[history]\nview = \"role_pair\"\n");
+        assert!(
+            err.message.contains("`view` in [history] must be an array"),
+            "{err}"
+        );
     }
 
     #[test]

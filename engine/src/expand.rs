@@ -45,7 +45,7 @@ impl std::error::Error for ExpandError {}
 
 /// Expands one message of `history` in place: its content becomes `original_content`,
 /// `was_compacted`, `omitted` and `can_expand` become `false`, `original_content` is
-/// removed. Returns the `message-expanded` event (at `turn`, with the message's index
+/// removed and `expanded: true` is set. Returns the `message-expanded` event (at `turn`, with the message's index
 /// and id); the history is untouched on error.
 pub fn expand(history: &mut [RArc<Message>], target: Target<'_>, turn: u64) -> Result<Event, ExpandError> {
     let index = match target {
@@ -96,6 +96,8 @@ pub fn expand(history: &mut [RArc<Message>], target: Target<'_>, turn: u64) -> R
     // A member kept verbatim under the same key would come back on the wire once the
     // typed field is gone.
     meta.extra.retain(|m| m.key.as_str() != "original_content");
+    // Asked for on purpose: no plugin shortens it again (see docs/plugins.md, expansion).
+    meta.set_expanded();
     let event = Event::new(
         EventKind::MessageExpanded,
         turn,

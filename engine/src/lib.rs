@@ -30,7 +30,7 @@ pub mod summary;
 pub mod tokens;
 pub mod turns;
 
-pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, StageReport};
+pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, SharedChain, StageReport};
 pub use config::{Config, ConfigError, OnPluginError};
 pub use loader::{
     host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, PluginLibrary, Refusal,

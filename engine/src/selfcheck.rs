@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use crate::chain::{instantiate_library, stateless_context, Chain};
-use crate::config::{Config, OnPluginError};
+use crate::config::{Config, OnPluginError, Place};
 use crate::loader::{library_files, plugin_stem, Catalog, DiscoveryError, PluginLibrary};
 use crate::{turns, Call};
 
@@ -24,8 +24,8 @@ pub struct LibraryStatus {
     pub reason: Option<String>,
     /// In the chain.
     pub enabled: bool,
-    /// Its position in the chain.
-    pub position: Option<usize>,
+    /// Where it runs, when it is in the chain or the view.
+    pub position: Option<Place>,
     pub summary: Option<String>,
 }
 
@@ -36,7 +36,7 @@ pub fn plugins(config: &Config) -> Result<Vec<LibraryStatus>, DiscoveryError> {
     let mut loaded: Vec<PluginLibrary> = Vec::new();
     for path in library_files(&config.plugin_dir)? {
         let guessed = plugin_stem(&path).unwrap_or_default().to_string();
-        let position = |name: &str| config.chain.iter().position(|n| n == name);
+        let position = |name: &str| config.place_of(name);
         match PluginLibrary::load(&path) {
             Ok(library) => {
                 let mut status = LibraryStatus {
@@ -81,7 +81,7 @@ pub fn plugins(config: &Config) -> Result<Vec<LibraryStatus>, DiscoveryError> {
             }),
         }
     }
-    for (position, name) in config.chain.iter().enumerate() {
+    for name in config.chain.iter().chain(&config.view) {
         if !statuses.iter().any(|s| &s.name == name) {
             statuses.push(LibraryStatus {
                 name: name.clone(),
@@ -93,7 +93,7 @@ pub fn plugins(config: &Config) -> Result<Vec<LibraryStatus>, DiscoveryError> {
                     config.plugin_dir.display()
                 )),
                 enabled: true,
-                position: Some(position),
+                position: config.place_of(name),
                 summary: None,
             });
         }
@@ -141,7 +141,8 @@ pub struct SampleRun {
 pub struct PluginCheck {
     pub name: String,
     pub version: Option<String>,
-    pub position: Option<usize>,
+    /// Where it runs, when it is in the chain or the view.
+    pub position: Option<Place>,
     /// The library loads and its `new` accepts its table.
     pub ok: bool,
     pub problem: Option<String>,
@@ -189,19 +190,19 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
         }
     };
     for refusal in &catalog.refused {
-        let used = plugin_stem(&refusal.path).is_some_and(|n| config.chain.iter().any(|c| c == n));
+        let used = plugin_stem(&refusal.path).is_some_and(|n| config.place_of(n).is_some());
         if !used {
             report.warnings.push(refusal.to_string());
         }
     }
-    let mut names: Vec<(String, Option<usize>)> = config
+    let mut names: Vec<(String, Option<Place>)> = config
         .chain
         .iter()
-        .enumerate()
-        .map(|(i, n)| (n.clone(), Some(i)))
+        .chain(&config.view)
+        .map(|n| (n.clone(), config.place_of(n)))
         .collect();
     for table in &config.plugins {
-        if !config.chain.contains(&table.name) {
+        if config.place_of(&table.name).is_none() {
             names.push((table.name.clone(), None));
         }
     }

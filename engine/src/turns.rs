@@ -45,11 +45,36 @@ fn own_turn(message: &Message) -> Option<u64> {
     message.meta().and_then(|m| m.turn_added.into_option())
 }
 
+/// Identities the process makes up have the top bit set; identities below it are a
+/// store's: a message's position in its session's transcript (from 1). The two never
+/// collide, so a working history restored from a store keeps identities that mean the
+/// same after a restart.
+const FRESH_ORIGIN_BIT: u64 = 1 << 63;
+
 static NEXT_ORIGIN: AtomicU64 = AtomicU64::new(1);
 
-/// A fresh message identity.
+/// A fresh message identity, unique in this process.
 pub fn fresh_origin() -> u64 {
-    NEXT_ORIGIN.fetch_add(1, Ordering::Relaxed)
+    FRESH_ORIGIN_BIT | NEXT_ORIGIN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Stamps the messages entering a session at `turn`, before they are appended to the
+/// working history: `metadata.turn_added`, the derived turn the plugins read, and an
+/// identity — `first_seq`, `first_seq + 1`, … when a store numbers the transcript (the
+/// messages' positions in it, from 1), otherwise fresh ones. Call it while the messages
+/// are not shared yet, so nothing is copied.
+pub fn stamp_entering(messages: &mut [RArc<Message>], turn: u64, first_seq: Option<u64>) {
+    for (offset, message) in messages.iter_mut().enumerate() {
+        let origin = match first_seq {
+            Some(first) => first + offset as u64,
+            None => fresh_origin(),
+        };
+        debug_assert!(origin & FRESH_ORIGIN_BIT == 0 || first_seq.is_none());
+        let message = RArc::make_mut(message);
+        message.meta_mut().turn_added = plugin_api::ROption::RSome(turn);
+        message.turn = turn;
+        message.set_origin(origin);
+    }
 }
 
 /// Gives every message a unique identity, so the output check can tell a changed copy
@@ -102,6 +127,21 @@ mod tests {
             {"role":"user","content":"2"}]"#;
         assert_eq!(turns(json, Some(10)), [4, 4, 9, 10]);
         assert_eq!(turns(r#"[{"role":"assistant","content":"a"}]"#, Some(3)), [3]);
+    }
+
+    #[test]
+    fn entering_messages_are_stamped_with_their_turn_and_identity() {
+        let mut new =
+            history_from_str(r#"[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]"#)
+                .unwrap();
+        stamp_entering(&mut new, 7, Some(41));
+        assert_eq!(new.iter().map(|m| m.turn).collect::<Vec<_>>(), [7, 7]);
+        assert_eq!(new.iter().map(|m| m.origin()).collect::<Vec<_>>(), [41, 42]);
+        assert_eq!(new[1].meta().unwrap().turn_added, plugin_api::ROption::RSome(7));
+        // Without a store: fresh identities, which never collide with a store's.
+        stamp_entering(&mut new, 8, None);
+        assert!(new.iter().all(|m| m.origin() & FRESH_ORIGIN_BIT != 0));
+        assert_ne!(new[0].origin(), new[1].origin());
     }
 
     #[test]

@@ -66,7 +66,14 @@ pub fn explain(run: &ChainRun, model: &str, tokenizer: &str, turn: u64, effectiv
     for fault in &run.input_faults {
         let _ = writeln!(out, "  structural fault in the input: {fault}");
     }
-    for stage in &run.stages {
+    for (index, stage) in run.stages.iter().enumerate() {
+        if stage.view && (index == 0 || !run.stages[index - 1].view) {
+            let _ = writeln!(
+                out,
+                "working history: {} messages (kept); the view stages below change only what is sent",
+                run.working.len()
+            );
+        }
         let _ = writeln!(
             out,
             "{:<20} {:>6} -> {:<6} messages {:>10} -> {:<10} tokens {:>8.2} ms",

@@ -10,8 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use history_engine::document::parse_document;
+use history_engine::expand::{expand as expand_message, Target};
 use history_engine::{load_chain, logging, stateless_context, turns, Call};
 use plugin_api::wire::write_message;
+use plugin_api::{Message, RArc};
 
 mod explain;
 
@@ -48,6 +50,23 @@ enum Command {
         /// from it (`prefix_kept`, what each plugin costs the provider's prompt cache).
         #[arg(long, value_name = "FILE")]
         previous: Option<String>,
+        /// Also writes the working history (the chain's output before the view stages) to
+        /// FILE: what a stateless caller resends next turn instead of its whole transcript.
+        #[arg(long, value_name = "FILE")]
+        working_out: Option<PathBuf>,
+    },
+    /// Restores the original content of one compacted or omitted message of a history and
+    /// writes the history; the message is marked `expanded` so no plugin shortens it again.
+    Expand {
+        /// The message's position in the history (0-based).
+        #[arg(long, value_name = "I", conflicts_with = "id", required_unless_present = "id")]
+        index: Option<usize>,
+        /// The message's `metadata.id`.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// The history: a JSON array of messages or {"model", "turn", "messages"}; `-` reads stdin.
+        #[arg(long, default_value = "-")]
+        input: String,
     },
 }
 
@@ -72,7 +91,16 @@ fn main() -> ExitCode {
             input,
             explain,
             previous,
-        } => process(&config, model, &input, explain, previous.as_deref()),
+            working_out,
+        } => process(&ProcessArgs {
+            config_file: &config,
+            model,
+            input: &input,
+            explain,
+            previous: previous.as_deref(),
+            working_out: working_out.as_deref(),
+        }),
+        Command::Expand { index, id, input } => expand(index, id.as_deref(), &input),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -110,13 +138,24 @@ fn read_input(input: &str) -> Result<Vec<u8>, Failure> {
     Ok(bytes)
 }
 
-fn process(
-    config_file: &Path,
+/// What `process` was asked to do.
+struct ProcessArgs<'a> {
+    config_file: &'a Path,
     model: Option<String>,
-    input: &str,
+    input: &'a str,
     explain: bool,
-    previous: Option<&str>,
-) -> Result<(), Failure> {
+    previous: Option<&'a str>,
+    working_out: Option<&'a Path>,
+}
+
+fn process(args: &ProcessArgs<'_>) -> Result<(), Failure> {
+    let ProcessArgs {
+        config_file,
+        input,
+        explain,
+        previous,
+        ..
+    } = *args;
     let (config, _catalog, chain) = load_chain(config_file).map_err(|err| Failure {
         status: 3,
         message: err.to_string(),
@@ -132,7 +171,11 @@ fn process(
         ),
     };
 
-    let model_name = model.or(document.model).unwrap_or_else(|| "default".to_string());
+    let model_name = args
+        .model
+        .clone()
+        .or(document.model)
+        .unwrap_or_else(|| "default".to_string());
     let model = config.model(&model_name);
     let turn = turns::current_turn(&document.messages, document.turn);
     let tokenizer = model.tokenizer.as_str();
@@ -156,12 +199,43 @@ fn process(
             run.history.len()
         );
     }
+    if let Some(file) = args.working_out {
+        std::fs::write(file, history_json(&run.working)).map_err(|err| Failure {
+            status: 5,
+            message: format!("cannot write the working history to {}: {err}", file.display()),
+        })?;
+    }
+    write_history(&run.history)
+}
+
+/// `expand`: one message of a stateless history restored.
+fn expand(index: Option<usize>, id: Option<&str>, input: &str) -> Result<(), Failure> {
+    let document = parse_document(&read_input(input)?).map_err(|err| bad_input(err.0))?;
+    let mut history = document.messages;
+    let turn = turns::current_turn(&history, document.turn);
+    let target = match (index, id) {
+        (_, Some(id)) => Target::ById(id),
+        (Some(index), None) => Target::ByIndex(index),
+        (None, None) => return Err(bad_input("expand needs --index I or --id ID".into())),
+    };
+    let event = expand_message(&mut history, target, turn).map_err(|err| bad_input(err.to_string()))?;
+    tracing::info!("{}: {}", event.kind.as_str(), event.reason);
+    write_history(&history)
+}
+
+/// A history as the JSON array `process` prints: one message per line.
+fn history_json(history: &[RArc<Message>]) -> String {
     let mut out = String::from("[");
-    for (i, message) in run.history.iter().enumerate() {
+    for (i, message) in history.iter().enumerate() {
         out.push_str(if i == 0 { "\n" } else { ",\n" });
         write_message(&mut out, message);
     }
     out.push_str("\n]\n");
+    out
+}
+
+fn write_history(history: &[RArc<Message>]) -> Result<(), Failure> {
+    let out = history_json(history);
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (e.g. `| head`) is not worth a second error line.
     let _ = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush());

@@ -271,6 +271,22 @@ impl Metadata {
     pub fn omitted(&self) -> bool {
         is_true(&self.omitted)
     }
+    /// `expanded: true`: the agent asked for this message's original content, so no
+    /// plugin omits, compacts, expires or prunes it again. (Kept as a verbatim member
+    /// rather than a typed field, so the flag needs no change of the ABI layout.)
+    pub fn expanded(&self) -> bool {
+        self.extra
+            .iter()
+            .any(|m| m.key.as_str() == "expanded" && m.json.as_str() == "true")
+    }
+    /// Sets `expanded: true`, replacing any earlier `expanded` member.
+    pub fn set_expanded(&mut self) {
+        self.extra.retain(|m| m.key.as_str() != "expanded");
+        self.extra.push(Member {
+            key: "expanded".into(),
+            json: "true".into(),
+        });
+    }
 }
 
 /// Token counts remembered on a message, one slot per tokenizer (0 = not counted yet,
@@ -455,6 +471,11 @@ impl Message {
     pub fn is_shortened(&self) -> bool {
         self.meta()
             .is_some_and(|m| m.omitted() || m.was_compacted() || m.is_expired())
+    }
+
+    /// True when `metadata.expanded` is `true`: expanded on purpose, never shortened again.
+    pub fn is_expanded(&self) -> bool {
+        self.meta().is_some_and(|m| m.expanded())
     }
 
     /// An assistant message with at least one tool call.

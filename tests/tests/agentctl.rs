@@ -825,14 +825,13 @@ fn edits_of_the_shipped_configuration_touch_only_their_line() {
         dir_line,
         &format!("plugin_dir = {:?}\n", plugins.path().display().to_string()),
     ));
-    let chain =
-        "chain = [\"default\", \"tool_result_filter\", \"retention\", \"token_budget\", \"role_pair\"]\n";
+    let chain = "chain = [\"default\", \"tool_result_filter\", \"retention\", \"token_budget\"]\n";
     let text = op.edit(&["history-chain-add", "fixture_a"]);
     assert_eq!(
         text,
         op.expected(
             chain,
-            "chain = [\"default\", \"tool_result_filter\", \"retention\", \"token_budget\", \"role_pair\", \"fixture_a\"]\n"
+            "chain = [\"default\", \"tool_result_filter\", \"retention\", \"token_budget\", \"fixture_a\"]\n"
         )
     );
     let text = op.edit(&["history-chain-add", "fixture_b", "--at", "1"]);
@@ -840,7 +839,7 @@ fn edits_of_the_shipped_configuration_touch_only_their_line() {
         text,
         op.expected(
             chain,
-            "chain = [\"default\", \"fixture_b\", \"tool_result_filter\", \"retention\", \"token_budget\", \"role_pair\", \"fixture_a\"]\n"
+            "chain = [\"default\", \"fixture_b\", \"tool_result_filter\", \"retention\", \"token_budget\", \"fixture_a\"]\n"
         )
     );
     op.edit(&["history-chain-move", "fixture_b", "2"]);
@@ -852,6 +851,66 @@ fn edits_of_the_shipped_configuration_touch_only_their_line() {
         text,
         op.expected("agent_max_ctx = 200\n", "agent_max_ctx = 300\n")
     );
+}
+
+#[test]
+fn the_view_is_edited_like_the_chain_and_listed_beside_it() {
+    let op = Operator::new(&OPERATOR.replace(
+        "on_plugin_error",
+        "view = [\"fixture_b\"]  # sent only\non_plugin_error",
+    ));
+    assert!(op.original.contains("view = [\"fixture_b\"]  # sent only\n"));
+    let listed = String::from_utf8_lossy(&op.run(&["history-list"]).stdout).to_string();
+    assert!(
+        listed.contains("view (run after the chain on what is sent; not kept):\n  0  fixture_b"),
+        "{listed}"
+    );
+    let json = json(&String::from_utf8_lossy(
+        &op.run(&["history-list", "--json"]).stdout,
+    ));
+    assert_eq!(json["view"][0]["name"], "fixture_b");
+    // A plugin is in one list: the chain's plugins cannot join the view, and back.
+    op.refused(
+        &["history-chain-add", "fixture_b"],
+        "already in the view, at position 0",
+    );
+    op.refused(
+        &["history-chain-add", "fixture_a", "--view"],
+        "already in the chain",
+    );
+    // Remove and move find the plugin in whichever list holds it.
+    let text = op.edit(&["history-chain-remove", "fixture_b"]);
+    assert_eq!(
+        text,
+        op.expected(
+            "view = [\"fixture_b\"]  # sent only\n",
+            "view = []  # sent only\n"
+        )
+    );
+    let text = op.edit(&["history-chain-remove", "fixture_a"]);
+    assert!(!text.contains("fixture_a"), "{text}");
+    op.edit(&["history-chain-add", "fixture_a", "--view"]);
+    let text = op.edit(&["history-chain-add", "fixture_b", "--view", "--at", "0"]);
+    assert!(
+        text.contains("view = [\"fixture_b\", \"fixture_a\"]  # sent only\n"),
+        "{text}"
+    );
+    let text = op.edit(&["history-chain-move", "fixture_b", "1"]);
+    assert!(
+        text.contains("view = [\"fixture_a\", \"fixture_b\"]  # sent only\n"),
+        "{text}"
+    );
+    let before = op.text();
+    let output = op.run(&["history-chain-move", "fixture_b", "2"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("out of range: the view is fixture_a, fixture_b"),
+        "{stderr}"
+    );
+    assert_eq!(op.text(), before);
+    let listed = String::from_utf8_lossy(&op.run(&["plugins"]).stdout).to_string();
+    assert!(listed.contains("enabled (view position 1)"), "{listed}");
 }
 
 #[test]

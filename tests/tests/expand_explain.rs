@@ -205,3 +205,52 @@ fn a_bad_previous_file_is_bad_input() {
         "{stderr}"
     );
 }
+
+/// `history-host expand` on a stateless history, then the expanded history fed back: the
+/// message keeps its content, marked `expanded`, and no plugin shortens it again.
+#[test]
+fn history_host_expand_restores_a_message_that_stays_expanded() {
+    let config = config(
+        "[\"default\", \"tool_result_filter\", \"retention\"]",
+        "[plugin.tool_result_filter]\nkeep = 0\n",
+    );
+    let input = history();
+    let first = config.process(
+        &["--model", "c4"],
+        &j!({"turn": 3, "messages": input}).to_string(),
+    );
+    assert!(first.status.success(), "{}", describe(&first));
+    let trimmed = json(&String::from_utf8_lossy(&first.stdout));
+    assert_eq!(trimmed[4]["metadata"]["omitted"], true, "{trimmed}");
+
+    let mut expand_cmd = std::process::Command::new(e2e_tests::host_bin());
+    expand_cmd.args(["expand", "--index", "4"]);
+    let expanded = e2e_tests::run_with_stdin(expand_cmd, &trimmed.to_string());
+    assert!(expanded.status.success(), "{}", describe(&expanded));
+    let expanded = json(&String::from_utf8_lossy(&expanded.stdout));
+    assert_eq!(expanded[4]["content"], input[4]["content"]);
+    assert_eq!(expanded[4]["metadata"]["expanded"], true);
+    assert_eq!(expanded[4]["metadata"]["omitted"], false);
+
+    // The next turn: tool_result_filter (keep = 0) leaves the expanded result alone.
+    let again = config.process(
+        &["--model", "c4"],
+        &j!({"turn": 4, "messages": expanded}).to_string(),
+    );
+    assert!(again.status.success(), "{}", describe(&again));
+    let again = json(&String::from_utf8_lossy(&again.stdout));
+    assert_eq!(again[4], expanded[4], "the expanded result is not omitted again");
+
+    // By id, and refusals in one line with status 2.
+    let mut by_id = std::process::Command::new(e2e_tests::host_bin());
+    by_id.args(["expand", "--id", "nope"]);
+    let refused = e2e_tests::run_with_stdin(by_id, &trimmed.to_string());
+    assert_eq!(refused.status.code(), Some(2), "{}", describe(&refused));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot expand message \"nope\": no message has that id"),
+        "{stderr}"
+    );
+    assert!(refused.stdout.is_empty());
+}

@@ -120,8 +120,8 @@ fn after_comment(comment: &str, rest: &str, newline: &str, indent: &str) -> Stri
     }
 }
 
-/// Inserts `name` at `index` (≥ 1) in the chain array, laid out like its neighbours;
-/// `comment` is a same-line comment that travels with a moved entry.
+/// Inserts `name` at `index` in a plugin list, laid out like its neighbours; `comment` is
+/// a same-line comment that travels with a moved entry.
 pub(super) fn insert_entry(
     array: &mut Array,
     index: usize,
@@ -136,7 +136,17 @@ pub(super) fn insert_entry(
     } else {
         Value::from(name)
     };
-    if index < array.len() {
+    if array.is_empty() {
+        value.decor_mut().set_prefix("");
+        value.decor_mut().set_suffix("");
+        array.push_formatted(value);
+    } else if index == 0 && !prefix(array, 0).contains('\n') {
+        // A new first entry on a one-line list: the old first one moves behind a separator.
+        value.decor_mut().set_prefix(prefix(array, 0));
+        value.decor_mut().set_suffix("");
+        set_prefix(array, 0, layout.separator.clone());
+        array.insert_formatted(0, value);
+    } else if index < array.len() {
         // The entry now at `index` gives up the start of its gap: the comment trailing the
         // entry before stays on that entry's line; the new entry gets its own line.
         let gap = prefix(array, index);
@@ -189,10 +199,18 @@ pub(super) fn insert_entry(
     }
 }
 
-/// Removes the entry at `index` (≥ 1) with its line, keeping the comment that trails the
+/// Removes the entry at `index` with its line, keeping the comment that trails the
 /// entry before it and any comment lines above it. Returns the removed entry's own
 /// same-line comment (for a move).
 pub(super) fn remove_entry(array: &mut Array, index: usize) -> String {
+    if array.len() == 1 {
+        // The list becomes empty: `[]`, whatever its layout was.
+        let own_comment = split_first_line(&suffix(array, 0)).0.to_string();
+        array.clear();
+        array.set_trailing("");
+        array.set_trailing_comma(false);
+        return own_comment;
+    }
     let gap = prefix(array, index);
     let (first, rest) = split_first_line(&gap);
     let kept_before = if gap.contains('\n') {

@@ -29,11 +29,17 @@ use layout::keep_untouched_lines;
 /// One edit of the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Edit {
-    /// Append `name` to the chain, or insert it at position `at` (0 is `default`'s).
-    ChainAdd { name: String, at: Option<usize> },
-    /// Remove `name` from the chain.
+    /// Append `name` to the chain (or, with `view`, to the view), or insert it at
+    /// position `at` (in the chain 0 is `default`'s).
+    ChainAdd {
+        name: String,
+        at: Option<usize>,
+        view: bool,
+    },
+    /// Remove `name` from whichever list holds it.
     ChainRemove { name: String },
-    /// Move `name` to position `to` of the resulting chain (1 = right after `default`).
+    /// Move `name` to position `to` of the resulting list that holds it (in the chain,
+    /// 1 = right after `default`).
     ChainMove { name: String, to: usize },
     /// `[history] agent_max_ctx`.
     MaxCtx(u64),
@@ -138,40 +144,44 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
         .map_err(|err| Refused(format!("{}: not valid TOML: {err}", file.display())))?;
     // toml_edit writes `\n` line endings; [`keep_untouched_lines`] gives the file its own back.
     let newline = "\n";
-    let chain = &config.chain;
     let summary = match edit {
-        Edit::ChainAdd { name, at } => {
+        Edit::ChainAdd { name, at, view } => {
             check_name(name)?;
             if let Some(catalog) = catalog {
                 check_available(name, &config, catalog)?;
             }
-            if let Some(position) = chain.iter().position(|n| n == name) {
+            if let Some((list, position)) = List::holding(&config, name) {
                 let hint = if name == "default" {
                     "it is always first".to_string()
                 } else {
                     format!("move it with `agentctl history-chain-move {name} POS`")
                 };
                 return Err(Refused(format!(
-                    "plugin \"{name}\" is already in the chain, at position {position} ({hint})"
+                    "plugin \"{name}\" is already in the {}, at position {position} ({hint})",
+                    list.key()
                 )));
             }
-            let at = at.unwrap_or(chain.len());
-            check_position(at, chain.len(), chain, "--at")?;
-            match chain_array(&mut document) {
+            let list = if *view { List::View } else { List::Chain };
+            let names = list.names(&config);
+            let at = at.unwrap_or(names.len());
+            list.check_position(at, names.len(), names, "--at")?;
+            match list_array(&mut document, list) {
                 Some(array) => {
                     let layout = Layout::of(array);
                     insert_entry(array, at, name, "", &layout, newline);
                 }
                 None => {
-                    let mut names: Vec<&str> = chain.iter().map(String::as_str).collect();
-                    names.insert(at, name);
-                    history_table(&mut document).insert("chain", toml_edit::value(Array::from_iter(names)));
+                    let mut after: Vec<&str> = names.iter().map(String::as_str).collect();
+                    after.insert(at, name);
+                    history_table(&mut document)
+                        .insert(list.key(), toml_edit::value(Array::from_iter(after)));
                 }
             }
-            let mut after = chain.clone();
+            let mut after = names.to_vec();
             after.insert(at, name.clone());
             format!(
-                "added \"{name}\" to the chain at position {at}: {}",
+                "added \"{name}\" to the {} at position {at}: {}",
+                list.key(),
                 after.join(", ")
             )
         }
@@ -182,12 +192,16 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
                     "\"default\" cannot be removed: it is always first in the chain".to_string(),
                 ));
             }
-            let from = in_chain(name, chain)?;
-            let array = chain_array(&mut document).ok_or_else(|| no_chain_array(file))?;
+            let (list, from) = holding(&config, name)?;
+            let array = list_array(&mut document, list).ok_or_else(|| no_list_array(file, list))?;
             remove_entry(array, from);
-            let mut after = chain.clone();
+            let mut after = list.names(&config).to_vec();
             after.remove(from);
-            format!("removed \"{name}\" from the chain: {}", after.join(", "))
+            format!(
+                "removed \"{name}\" from the {}: {}",
+                list.key(),
+                list.shown(&after)
+            )
         }
         Edit::ChainMove { name, to } => {
             check_name(name)?;
@@ -196,22 +210,27 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
                     "\"default\" cannot be moved: it is always first in the chain (position 0)".to_string(),
                 ));
             }
-            let from = in_chain(name, chain)?;
-            check_position(*to, chain.len() - 1, chain, "position")?;
+            let (list, from) = holding(&config, name)?;
+            let names = list.names(&config);
+            list.check_position(*to, names.len() - 1, names, "position")?;
             if from == *to {
                 return Ok(Planned {
                     text: source.to_string(),
-                    summary: format!("\"{name}\" is already at position {to}: {}", chain.join(", ")),
+                    summary: format!("\"{name}\" is already at position {to}: {}", names.join(", ")),
                 });
             }
-            let array = chain_array(&mut document).ok_or_else(|| no_chain_array(file))?;
+            let array = list_array(&mut document, list).ok_or_else(|| no_list_array(file, list))?;
             let layout = Layout::of(array);
             let comment = remove_entry(array, from);
             insert_entry(array, *to, name, &comment, &layout, newline);
-            let mut after = chain.clone();
+            let mut after = names.to_vec();
             let moved = after.remove(from);
             after.insert(*to, moved);
-            format!("moved \"{name}\" to position {to}: {}", after.join(", "))
+            format!(
+                "moved \"{name}\" to position {to} of the {}: {}",
+                list.key(),
+                after.join(", ")
+            )
         }
         Edit::MaxCtx(n) => {
             check_at_least_one(*n, "history-maxctx", "agent_max_ctx")?;
@@ -248,11 +267,101 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
     Ok(Planned { text, summary })
 }
 
-fn no_chain_array(file: &Path) -> Refused {
+fn no_list_array(file: &Path, list: List) -> Refused {
     Refused(format!(
-        "{}: [history] chain is not an array agentctl can edit; edit it by hand",
-        file.display()
+        "{}: [history] {} is not an array agentctl can edit; edit it by hand",
+        file.display(),
+        list.key()
     ))
+}
+
+/// The two plugin lists of `[history]`: the chain (its output is kept) and the view (run
+/// after it on what is sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum List {
+    Chain,
+    View,
+}
+
+impl List {
+    fn key(self) -> &'static str {
+        match self {
+            List::Chain => "chain",
+            List::View => "view",
+        }
+    }
+
+    fn names(self, config: &Config) -> &[String] {
+        match self {
+            List::Chain => &config.chain,
+            List::View => &config.view,
+        }
+    }
+
+    /// The list holding `name`, and its position there.
+    fn holding(config: &Config, name: &str) -> Option<(List, usize)> {
+        [List::Chain, List::View]
+            .into_iter()
+            .find_map(|list| Some((list, list.names(config).iter().position(|n| n == name)?)))
+    }
+
+    fn shown(self, names: &[String]) -> String {
+        if names.is_empty() {
+            "(empty)".to_string()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// A position for a plugin: in the chain 1 ..= `last` (0 is `default`'s), in the
+    /// view 0 ..= `last`.
+    fn check_position(
+        self,
+        position: usize,
+        last: usize,
+        names: &[String],
+        what: &str,
+    ) -> Result<(), Refused> {
+        let first = match self {
+            List::Chain => 1,
+            List::View => 0,
+        };
+        let range = match (self, last) {
+            (List::Chain, 1) => "the only position is 1".to_string(),
+            (List::Chain, _) => format!("positions run from 1 (right after default) to {last}"),
+            (List::View, 0) => "the only position is 0".to_string(),
+            (List::View, _) => format!("positions run from 0 to {last}"),
+        };
+        if position < first {
+            return Err(Refused(format!(
+                "{what} 0 is default's: default is always first; {range}"
+            )));
+        }
+        if position > last {
+            return Err(Refused(format!(
+                "{what} {position} is out of range: the {} is {} ({} plugins), {range}",
+                self.key(),
+                self.shown(names),
+                names.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The list holding `name` and its position, or a refusal naming both lists.
+fn holding(config: &Config, name: &str) -> Result<(List, usize), Refused> {
+    List::holding(config, name).ok_or_else(|| {
+        let view = if config.view.is_empty() {
+            String::new()
+        } else {
+            format!("; view: {}", config.view.join(", "))
+        };
+        Refused(format!(
+            "plugin \"{name}\" is not in the chain (chain: {}{view})",
+            config.chain.join(", ")
+        ))
+    })
 }
 
 fn check_name(name: &str) -> Result<(), Refused> {
@@ -277,41 +386,6 @@ fn check_available(name: &str, config: &Config, catalog: &Catalog) -> Result<(),
         config.plugin_dir.display(),
         catalog.available_names()
     )))
-}
-
-fn in_chain(name: &str, chain: &[String]) -> Result<usize, Refused> {
-    chain.iter().position(|n| n == name).ok_or_else(|| {
-        Refused(format!(
-            "plugin \"{name}\" is not in the chain (chain: {})",
-            if chain.is_empty() {
-                "default".to_string()
-            } else {
-                chain.join(", ")
-            }
-        ))
-    })
-}
-
-/// A position for a plugin: 1 ..= `last` (0 is `default`'s).
-fn check_position(position: usize, last: usize, chain: &[String], what: &str) -> Result<(), Refused> {
-    let range = if last == 1 {
-        "the only position is 1".to_string()
-    } else {
-        format!("positions run from 1 (right after default) to {last}")
-    };
-    if position == 0 {
-        return Err(Refused(format!(
-            "{what} 0 is default's: default is always first; {range}"
-        )));
-    }
-    if position > last {
-        return Err(Refused(format!(
-            "{what} {position} is out of range: the chain is {} ({} plugins), {range}",
-            chain.join(", "),
-            chain.len()
-        )));
-    }
-    Ok(())
 }
 
 fn check_at_least_one(n: u64, command: &str, key: &str) -> Result<(), Refused> {
@@ -370,12 +444,12 @@ fn first_position(table: &Table) -> Option<isize> {
         .min()
 }
 
-/// `[history] chain`, when the file has it.
-fn chain_array(document: &mut DocumentMut) -> Option<&mut Array> {
+/// `[history] chain` or `view`, when the file has it.
+fn list_array(document: &mut DocumentMut, list: List) -> Option<&mut Array> {
     document
         .get_mut("history")?
         .as_table_like_mut()?
-        .get_mut("chain")?
+        .get_mut(list.key())?
         .as_array_mut()
 }
 
@@ -393,6 +467,7 @@ mod tests {
             Edit::ChainAdd {
                 name: name.into(),
                 at,
+                view: false,
             },
         )
         .unwrap()
@@ -563,17 +638,20 @@ mod tests {
         .contains("cannot be moved"));
         assert!(refused(Edit::ChainAdd {
             name: "a".into(),
-            at: None
+            at: None,
+            view: false,
         })
         .contains("already in the chain, at position 1"));
         assert!(refused(Edit::ChainAdd {
             name: "b".into(),
-            at: Some(0)
+            at: Some(0),
+            view: false,
         })
         .contains("0 is default's"));
         assert!(refused(Edit::ChainAdd {
             name: "b".into(),
-            at: Some(3)
+            at: Some(3),
+            view: false,
         })
         .contains("--at 3 is out of range"));
         assert!(refused(Edit::ChainMove {
@@ -584,7 +662,8 @@ mod tests {
         assert!(refused(Edit::ChainRemove { name: "b".into() }).contains("\"b\" is not in the chain"));
         assert!(refused(Edit::ChainAdd {
             name: "../x".into(),
-            at: None
+            at: None,
+            view: false,
         })
         .contains("not a plugin name"));
         assert!(refused(Edit::MaxCtx(0)).contains("at least 1"));

@@ -254,7 +254,8 @@ impl HistoryPlugin for Retention {
             idx += 1;
             // A placeholder is final (§5.5: nothing replaces it again); it still carries
             // a policy here only if something else left one, and it still counts.
-            if message.meta().is_some_and(|m| m.omitted()) {
+            // An expanded message was asked for on purpose: never pruned again.
+            if message.meta().is_some_and(|m| m.omitted() || m.expanded()) {
                 continue;
             }
             let parts = message.content.part_count();
@@ -349,7 +350,10 @@ impl HistoryPlugin for Retention {
         let mut summaries_wanted = 0usize;
         for (index, slot) in slots.iter_mut().enumerate() {
             let Slot::Keep(message) = slot else { continue };
-            if !matches!(message.role, Role::User | Role::Tool) || message.is_shortened() {
+            if !matches!(message.role, Role::User | Role::Tool)
+                || message.is_shortened()
+                || message.is_expanded()
+            {
                 continue;
             }
             let tool = tool_name(history, &answers, index);

@@ -38,11 +38,13 @@ pub struct ToolResultFilter {
 
 impl ToolResultFilter {
     /// Whether the result at `index` takes part at all: not already a placeholder, not
-    /// of an excluded tool, and longer than `min_chars`. Results that do not take part are
+    /// expanded, not of an excluded tool, and longer than `min_chars`. Results that do not take part are
     /// never replaced and do not count toward `keep`.
     fn counted(&self, history: &[RArc<Message>], answers: &[Option<usize>], index: usize) -> bool {
         let message = &history[index];
-        if message.meta().is_some_and(|m| m.omitted()) {
+        // An expanded result was asked for on purpose: it keeps its content and does not
+        // push another result out of `keep`.
+        if message.meta().is_some_and(|m| m.omitted() || m.expanded()) {
             return false;
         }
         // A result that already is exactly the placeholder (e.g. role_pair's result for a
