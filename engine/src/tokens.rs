@@ -52,23 +52,33 @@ pub fn count_text(tokenizer: Tokenizer, text: &str) -> u64 {
 }
 
 /// Token counts of item texts by content: (tokenizer, byte length, hash) → tokens.
-/// Bounded: when full it starts over, which costs at most one more tokenization of what
-/// is still in use.
+/// Counts by content are true for every session, so the cache is process-wide; it is
+/// split into shards by hash, so sessions counting at once on several threads rarely
+/// wait for each other. Bounded: a full shard starts over, which costs at most one more
+/// tokenization of what is still in use.
 struct ItemCache {
     counts: HashMap<(Tokenizer, usize, u64), u64, BuildHasherDefault<FxHasher>>,
 }
 
 /// Items shorter than this are tokenized directly: hashing would cost about as much.
 const CACHED_ITEM_MIN_BYTES: usize = 32;
-const ITEM_CACHE_ENTRIES: usize = 1 << 18;
+const ITEM_CACHE_SHARDS: usize = 16;
+const ITEM_CACHE_ENTRIES_PER_SHARD: usize = (1 << 18) / ITEM_CACHE_SHARDS;
 
-fn item_cache() -> &'static Mutex<ItemCache> {
-    static CACHE: OnceLock<Mutex<ItemCache>> = OnceLock::new();
-    CACHE.get_or_init(|| {
-        Mutex::new(ItemCache {
-            counts: HashMap::default(),
-        })
-    })
+/// The shard of the cache that holds `hash`.
+fn item_cache(hash: u64) -> &'static Mutex<ItemCache> {
+    static CACHE: OnceLock<Vec<Mutex<ItemCache>>> = OnceLock::new();
+    let shards = CACHE.get_or_init(|| {
+        (0..ITEM_CACHE_SHARDS)
+            .map(|_| {
+                Mutex::new(ItemCache {
+                    counts: HashMap::default(),
+                })
+            })
+            .collect()
+    });
+    // The high bits: FxHash's low bits are the weakest.
+    &shards[(hash >> 60) as usize % ITEM_CACHE_SHARDS]
 }
 
 /// Tokens of one item, through the content cache for the BPE tokenizers.
@@ -78,13 +88,13 @@ fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
     }
     let hash = BuildHasherDefault::<FxHasher>::default().hash_one(text);
     let key = (tokenizer, text.len(), hash);
-    let cache = item_cache();
+    let cache = item_cache(hash);
     if let Some(&count) = cache.lock().unwrap_or_else(|e| e.into_inner()).counts.get(&key) {
         return count;
     }
     let count = count_text(tokenizer, text);
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if cache.counts.len() >= ITEM_CACHE_ENTRIES {
+    if cache.counts.len() >= ITEM_CACHE_ENTRIES_PER_SHARD {
         cache.counts.clear();
     }
     cache.counts.insert(key, count);
@@ -170,7 +180,7 @@ mod tests {
             text.len(),
             BuildHasherDefault::<FxHasher>::default().hash_one(text),
         );
-        assert_eq!(item_cache().lock().unwrap().counts.get(&key), Some(&first));
+        assert_eq!(item_cache(key.2).lock().unwrap().counts.get(&key), Some(&first));
         assert_eq!(content_tokens(Tokenizer::O200kBase, &again[0]), 2 * first);
     }
 
