@@ -21,7 +21,7 @@ use rustc_hash::FxHasher;
 use plugin_api::{Message, RArc, RStr, TokenCounter, Tokenizer};
 
 /// The per-message overhead of SPEC §5.2's formula when nothing else is configured.
-pub const PER_MESSAGE_TOKENS: u64 = 3;
+pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 /// Bytes handed to a BPE tokenizer since the process started (`cargo xtask bench` compares
 /// it with the bytes that entered: 1.0 means nothing was tokenized twice).

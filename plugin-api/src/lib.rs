@@ -101,6 +101,15 @@ pub use plugin::{
     ConfigKey, Description, HistoryPlugin, PluginBox, PluginInstance_TO, PluginMod, PluginModRef,
 };
 
+/// The per-message overhead of the token formula (`per_message_tokens + Σ tokens(item)`)
+/// when nothing else is configured: what the host counts histories with, and every
+/// plugin's default.
+pub const DEFAULT_PER_MESSAGE_TOKENS: u64 = 3;
+
+/// The default content of a placeholder: an omitted tool result, an emptied message, a
+/// result added for a call that had none. Byte-stable, so the sent prefix stays cacheable.
+pub const DEFAULT_PLACEHOLDER: &str = "[Omitted]";
+
 /// The `abi_stable` this crate was built with, for the host's loader.
 pub use abi_stable;
 

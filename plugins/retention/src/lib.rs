@@ -20,8 +20,8 @@ use plugin_api::{
     HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
 };
 
-/// §5.2's default per-message overhead, as the host counts a history's tokens.
-const PER_MESSAGE_TOKENS: u64 = 3;
+// §5.2's default per-message overhead, as the host counts a history's tokens.
+use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 /// Expiration settings, every field optional; merged field by field (§5.5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -200,7 +200,7 @@ impl HistoryPlugin for Retention {
         let preserve_original = config.bool("preserve_original")?.unwrap_or(true);
         let placeholder = config
             .string("placeholder")?
-            .unwrap_or_else(|| "[Omitted]".to_string());
+            .unwrap_or_else(|| plugin_api::DEFAULT_PLACEHOLDER.to_string());
         let mut tools = HashMap::new();
         for (name, mut table) in config.tables("tools")? {
             let settings = Settings::read(&mut table)?;

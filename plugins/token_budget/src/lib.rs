@@ -20,7 +20,7 @@ use plugin_api::{
 /// `reserve_tokens` when the config does not set it (SPEC §5.2).
 pub const DEFAULT_RESERVE_TOKENS: u64 = 4096;
 /// `per_message_tokens` when the config does not set it (SPEC §5.2).
-pub const DEFAULT_PER_MESSAGE_TOKENS: u64 = 3;
+pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS;
 
 const TOKENIZERS: [&str; 3] = ["o200k_base", "cl100k_base", "chars4"];
 

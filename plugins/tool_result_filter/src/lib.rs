@@ -14,8 +14,8 @@ use plugin_api::{
     Output, RArc, ROption,
 };
 
-/// §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
-const PER_MESSAGE_TOKENS: u64 = 3;
+// §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
+use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -159,7 +159,7 @@ impl HistoryPlugin for ToolResultFilter {
         };
         let placeholder = config
             .string("placeholder")?
-            .unwrap_or_else(|| "[Omitted]".to_string());
+            .unwrap_or_else(|| plugin_api::DEFAULT_PLACEHOLDER.to_string());
         let exclude_tools = config
             .strings("exclude_tools")?
             .unwrap_or_default()
