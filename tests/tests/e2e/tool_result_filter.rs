@@ -371,11 +371,9 @@ fn the_binary_logs_one_line_and_explains_the_events() {
     assert_eq!(omitted_indices(&out).len(), 6);
 }
 
-mod common;
-
 #[test]
 fn properties_on_generated_histories() {
-    common::check_properties(
+    crate::common::check_properties(
         "tool_result_filter",
         config,
         &[

@@ -554,11 +554,9 @@ fn bad_config_is_refused_naming_the_key() {
     assert!(stderr.contains("tools.search.mode"), "{stderr}");
 }
 
-mod common;
-
 #[test]
 fn properties_on_generated_histories() {
-    common::check_properties(
+    crate::common::check_properties(
         "retention",
         config,
         &[
