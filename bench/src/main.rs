@@ -289,8 +289,7 @@ fn call_once(bench: &Bench, chain: &Chain, history: &[RArc<Message>], turn: u64)
 fn single_history(values: &[Value]) -> Result<(Vec<RArc<Message>>, u64)> {
     let mut history = parse(values)?;
     let turn = turns::current_turn(&history, None);
-    turns::assign_origins(&mut history);
-    turns::derive_turns(&mut history, turn);
+    turns::prepare(&mut history, turn);
     Ok((history, turn))
 }
 

@@ -209,8 +209,7 @@ impl Chain {
             previous.map(|p| p.iter().map(|m| plugin_api::wire::message_to_string(m)).collect());
         let prefix_kept =
             |history: &[RArc<Message>]| previous.as_deref().map(|previous| prefix_kept(previous, history));
-        turns::assign_origins(&mut history);
-        turns::derive_turns(&mut history, ctx.turn);
+        turns::prepare(&mut history, ctx.turn);
         let input_faults = Faults::of(&history);
         let input_fault_lines = input_faults.describe(&history);
         for line in &input_fault_lines {
@@ -383,7 +382,10 @@ fn instantiate(config: &Config, catalog: &Catalog, name: &str) -> Result<Option<
 /// Builds an instance of `library` with its `[plugin.NAME]` table, the plugin validating
 /// it (what `agentctl plugins` and `check` report per plugin). The error names the table,
 /// the key and its line.
-pub fn instantiate_library(config: &Config, library: &PluginLibrary) -> Result<PluginBox, ConfigError> {
+pub(crate) fn instantiate_library(
+    config: &Config,
+    library: &PluginLibrary,
+) -> Result<PluginBox, ConfigError> {
     let name = library.name.as_str();
     let load = load_context(config, name);
     logging::with_plugin(name, || library.instantiate(&load)).map_err(|err| {

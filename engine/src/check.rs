@@ -8,7 +8,7 @@ use plugin_api::structure::Faults;
 use plugin_api::{Content, Member, Message, Part, RArc, Role};
 
 /// Whether `output` is `input` passed through untouched (same shared messages in order).
-pub fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+pub(crate) fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
     input.len() == output.len() && input.iter().zip(output).all(|(a, b)| std::ptr::eq(&**a, &**b))
 }
 
@@ -16,7 +16,7 @@ pub fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool
 /// order. What every trimming plugin returns; with unique identities in the input (as in a
 /// chain run, `turns::assign_origins`) such an output duplicates, changes and invents
 /// nothing, so only [`check_faults`] is left to check — without hashing the whole input.
-pub fn is_selection(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+pub(crate) fn is_selection(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
     let mut rest = input.iter();
     output.len() <= input.len()
         && output
@@ -91,7 +91,7 @@ pub fn check_output(
 }
 
 /// The output's structural faults, or an error when it has more than its input had.
-pub fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Faults, String> {
+pub(crate) fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Faults, String> {
     let faults = Faults::of(output);
     if faults.count() > input_faults {
         let first = faults.describe(output).into_iter().next().unwrap_or_default();
@@ -104,7 +104,7 @@ pub fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Fau
 }
 
 /// The §2.1.1 shape rules a typed message can still break: what a plugin built or changed.
-pub fn check_shape(message: &Message) -> Result<(), String> {
+pub(crate) fn check_shape(message: &Message) -> Result<(), String> {
     if message.role == Role::Tool && message.tool_call_id.is_none() {
         return Err("tool message without tool_call_id".into());
     }

@@ -7,12 +7,12 @@ use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
 /// Where the chain's plugins live when the file does not say.
-pub const DEFAULT_PLUGIN_DIR: &str = "target/plugins";
-pub const DEFAULT_MAX_USERS: u64 = 50;
-pub const DEFAULT_IDLE_TIMEOUT_MINUTES: u64 = 60;
+pub(crate) const DEFAULT_PLUGIN_DIR: &str = "target/plugins";
+pub(crate) const DEFAULT_MAX_USERS: u64 = 50;
+pub(crate) const DEFAULT_IDLE_TIMEOUT_MINUTES: u64 = 60;
 pub const DEFAULT_AGENT_MAX_CTX: u64 = 200;
-pub const DEFAULT_CONTEXT_TOKENS: u64 = 128_000;
-pub const DEFAULT_TOKENIZER: Tokenizer = Tokenizer::O200kBase;
+pub(crate) const DEFAULT_CONTEXT_TOKENS: u64 = 128_000;
+pub(crate) const DEFAULT_TOKENIZER: Tokenizer = Tokenizer::O200kBase;
 
 /// `on_plugin_error` (SPEC §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -515,7 +515,7 @@ fn check_default_first(reader: &Reader<'_>, history: &Table, chain: &[String]) -
 }
 
 /// A TOML table as JSON (dates and times become strings).
-pub fn table_to_json(table: &Table) -> serde_json::Value {
+pub(crate) fn table_to_json(table: &Table) -> serde_json::Value {
     serde_json::Value::Object(
         table
             .iter()

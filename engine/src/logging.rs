@@ -11,7 +11,7 @@ thread_local! {
 }
 
 /// Runs `f` with `plugin` named as the source of any plugin log line on this thread.
-pub fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
+pub(crate) fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
     let previous = CURRENT_PLUGIN.with(|c| std::mem::replace(&mut *c.borrow_mut(), plugin.to_string()));
     let result = f();
     CURRENT_PLUGIN.with(|c| *c.borrow_mut() = previous);

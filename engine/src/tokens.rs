@@ -102,7 +102,7 @@ fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
 }
 
 /// Σ tokens(item) over a message's items, remembered on the message.
-pub fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
+pub(crate) fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
     let memo = message.token_memo();
     if let Some(count) = memo.get(tokenizer.slot()) {
         return count;

@@ -11,11 +11,19 @@ pub fn current_turn(history: &[RArc<Message>], given: Option<u64>) -> u64 {
     given.unwrap_or_else(|| (history.iter().filter(|m| m.role == Role::User).count() as u64).max(1))
 }
 
+/// What a run does first: every message gets a unique identity and its turn. Done ahead
+/// of a run (while the messages are not shared yet) it saves the run copying them to set
+/// these; a run then finds them set and changes nothing.
+pub fn prepare(history: &mut [RArc<Message>], current: u64) {
+    assign_origins(history);
+    derive_turns(history, current);
+}
+
 /// Sets every message's `turn` (SPEC §2.3): its own `turn_added` if present; otherwise the
 /// k-th newest user message belongs to turn `current − k + 1` (at least 1), any other
 /// message to the turn of the nearest user message before it; messages before the first
 /// user message take the first user message's turn; with no user message, the current turn.
-pub fn derive_turns(history: &mut [RArc<Message>], current: u64) {
+pub(crate) fn derive_turns(history: &mut [RArc<Message>], current: u64) {
     let mut derived = vec![current; history.len()];
     let mut users_seen = 0u64;
     for (index, message) in history.iter().enumerate().rev() {
@@ -54,7 +62,7 @@ const FRESH_ORIGIN_BIT: u64 = 1 << 63;
 static NEXT_ORIGIN: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh message identity, unique in this process.
-pub fn fresh_origin() -> u64 {
+pub(crate) fn fresh_origin() -> u64 {
     FRESH_ORIGIN_BIT | NEXT_ORIGIN.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -79,7 +87,7 @@ pub fn stamp_entering(messages: &mut [RArc<Message>], turn: u64, first_seq: Opti
 
 /// Gives every message a unique identity, so the output check can tell a changed copy
 /// from an invented message. Messages that already have a unique one keep it.
-pub fn assign_origins(history: &mut [RArc<Message>]) {
+pub(crate) fn assign_origins(history: &mut [RArc<Message>]) {
     // Identities in increasing order are unique without hashing them: a session's history
     // (what entered later was numbered later) and any history numbered here before.
     let first_numbered = history.first().map(|m| m.origin()) != Some(0);

@@ -78,8 +78,7 @@ pub fn context(turn: u64) -> Context {
 /// Parses a history and gives it identities and turns as the host does before a chain.
 pub fn prepared(json: &str, turn: u64) -> Vec<RArc<Message>> {
     let mut history = history_from_str(json).unwrap();
-    turns::assign_origins(&mut history);
-    turns::derive_turns(&mut history, turn);
+    turns::prepare(&mut history, turn);
     history
 }
 
