@@ -5,7 +5,7 @@
 //! plugin: it needs the message the agent points at, by index or id, and it must refuse
 //! clearly — never panic — when that message cannot be expanded.
 
-use plugin_api::{Content, Event, EventKind, Message, RArc, ROption};
+use plugin_api::{Event, EventKind, Message, RArc};
 
 /// Which message to expand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,30 +74,16 @@ pub fn expand(history: &mut [RArc<Message>], target: Target<'_>, turn: u64) -> R
             reason: "it is not marked can_expand",
         });
     }
-    let Some(original) = meta.original_content.as_ref().into_option() else {
+    // A fresh copy, not `make_mut`: the copy starts with an empty token cache, and the
+    // cached counts of the shortened content must not survive the change.
+    let Some(copy) = message.restored_copy() else {
         return Err(ExpandError::NotExpandable {
             index,
             reason: "its original content was not kept",
         });
     };
-    let original: Content = original.clone();
     let shortened_chars = message.content.char_count();
-    let restored_chars = original.char_count();
-
-    // A fresh copy, not `make_mut`: the copy starts with an empty token cache, and the
-    // cached counts of the shortened content must not survive the change.
-    let mut copy = (**message).clone();
-    copy.content = original;
-    let meta = copy.meta_mut();
-    meta.was_compacted = ROption::RSome(false);
-    meta.omitted = ROption::RSome(false);
-    meta.can_expand = ROption::RSome(false);
-    meta.original_content = ROption::RNone;
-    // A member kept verbatim under the same key would come back on the wire once the
-    // typed field is gone.
-    meta.extra.retain(|m| m.key.as_str() != "original_content");
-    // Asked for on purpose: no plugin shortens it again (see docs/plugins.md, expansion).
-    meta.set_expanded();
+    let restored_chars = copy.content.char_count();
     let event = Event::new(
         EventKind::MessageExpanded,
         turn,

@@ -279,6 +279,15 @@ impl Metadata {
             .iter()
             .any(|m| m.key.as_str() == "expanded" && m.json.as_str() == "true")
     }
+    /// `can_expand: true` and `original_content` (unless an earlier one is there: that is
+    /// the real original).
+    fn keep_original(&mut self, content: &Content) {
+        self.can_expand = ROption::RSome(true);
+        if self.original_content.is_none() {
+            self.original_content = ROption::RSome(content.clone());
+        }
+    }
+
     /// Sets `expanded: true`, replacing any earlier `expanded` member.
     pub fn set_expanded(&mut self) {
         self.extra.retain(|m| m.key.as_str() != "expanded");
@@ -418,6 +427,75 @@ impl Message {
         message.turn = call.turn;
         message.origin = call.origin;
         message
+    }
+
+    /// A changed copy of this message whose content is `placeholder`, marked as a
+    /// placeholder (`omitted: true`, `tokens_saved`) so nothing replaces, expires or
+    /// prunes it again; its `retention_policy` goes with the parts it described. With
+    /// `keep_original` it also gets `can_expand: true` and `original_content` (an earlier
+    /// `original_content` is kept: it is the real original that expansion restores).
+    pub fn omitted_copy(&self, placeholder: &str, tokens_saved: i64, keep_original: bool) -> Message {
+        let mut copy = self.clone();
+        copy.content = Content::Text(placeholder.into());
+        let meta = copy.meta_mut();
+        meta.omitted = ROption::RSome(true);
+        meta.tokens_saved = ROption::RSome(tokens_saved);
+        meta.retention_policy = ROption::RNone;
+        if keep_original {
+            meta.keep_original(&self.content);
+        }
+        copy
+    }
+
+    /// A changed copy of this message whose content is `text`, the compaction of content
+    /// `original_length` characters long: `was_compacted` and `is_expired` set,
+    /// `original_length`, `tokens_saved` (from `tokens_saved(&copy)`: the caller counts
+    /// the copy's tokens), no `retention_policy`; with `keep_original` also `can_expand`
+    /// and `original_content`, as [`Message::omitted_copy`].
+    pub fn compacted_copy(
+        &self,
+        text: String,
+        original_length: u64,
+        keep_original: bool,
+        tokens_saved: impl FnOnce(&Message) -> i64,
+    ) -> Message {
+        let mut copy = self.clone();
+        copy.content = Content::Text(text.into());
+        let saved = tokens_saved(&copy);
+        let meta = copy.meta_mut();
+        meta.was_compacted = ROption::RSome(true);
+        meta.is_expired = ROption::RSome(true);
+        meta.original_length = ROption::RSome(original_length);
+        meta.tokens_saved = ROption::RSome(saved);
+        meta.retention_policy = ROption::RNone;
+        if keep_original {
+            meta.keep_original(&self.content);
+        }
+        copy
+    }
+
+    /// A changed copy of this message with its original content restored: what
+    /// expansion makes. `None` when the message cannot be expanded (no `can_expand`, or
+    /// no `original_content`). The flags that said it was shortened become `false`,
+    /// `original_content` goes, and `expanded: true` is set, so no plugin shortens it again.
+    pub fn restored_copy(&self) -> Option<Message> {
+        let meta = self.meta()?;
+        if !meta.can_expand() {
+            return None;
+        }
+        let original = meta.original_content.as_ref().into_option()?.clone();
+        let mut copy = self.clone();
+        copy.content = original;
+        let meta = copy.meta_mut();
+        meta.was_compacted = ROption::RSome(false);
+        meta.omitted = ROption::RSome(false);
+        meta.can_expand = ROption::RSome(false);
+        meta.original_content = ROption::RNone;
+        // A member kept verbatim under the same key would come back on the wire once the
+        // typed field is gone.
+        meta.extra.retain(|m| m.key.as_str() != "original_content");
+        meta.set_expanded();
+        Some(copy)
     }
 
     /// The host-assigned identity shared by a message and its changed copies

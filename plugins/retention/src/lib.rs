@@ -125,13 +125,7 @@ impl Retention {
     /// A placeholder copy of `message`: content replaced, policy gone, marked `omitted` so
     /// nothing expires or replaces it again.
     fn placeholder(&self, message: &Message, tokens_saved: i64) -> Message {
-        let mut copy = message.clone();
-        copy.content = Content::Text(self.placeholder.as_str().into());
-        let meta = copy.meta_mut();
-        meta.omitted = ROption::RSome(true);
-        meta.tokens_saved = ROption::RSome(tokens_saved);
-        meta.retention_policy = ROption::RNone;
-        copy
+        message.omitted_copy(&self.placeholder, tokens_saved, false)
     }
 
     /// The expiration settings of a message, or `None` when it never expires.
@@ -406,25 +400,10 @@ impl HistoryPlugin for Retention {
                         continue;
                     };
                     let before = content_tokens(ctx, tokenizer, message);
-                    let mut copy = (**message).clone();
-                    copy.content = Content::Text(text.into());
-                    let saved = before - content_tokens(ctx, tokenizer, &copy);
-                    let original_content = message.content.clone();
-                    let preserve = self.preserve_original;
-                    let meta = copy.meta_mut();
-                    meta.was_compacted = ROption::RSome(true);
-                    meta.is_expired = ROption::RSome(true);
-                    meta.original_length = ROption::RSome(total);
-                    meta.tokens_saved = ROption::RSome(saved);
-                    meta.retention_policy = ROption::RNone;
-                    if preserve {
-                        meta.can_expand = ROption::RSome(true);
-                        // An existing original (from an earlier omission or compaction)
-                        // is the real original: keep it so expansion restores that.
-                        if meta.original_content.is_none() {
-                            meta.original_content = ROption::RSome(original_content);
-                        }
-                    }
+                    let copy = message.compacted_copy(text, total, self.preserve_original, |copy| {
+                        before - content_tokens(ctx, tokenizer, copy)
+                    });
+                    let saved = copy.meta().map_or(0, |m| m.tokens_saved.unwrap_or(0));
                     events.push(
                         Event::new(
                             EventKind::MessageCompacted,

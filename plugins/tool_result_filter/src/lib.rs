@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use plugin_api::structure::{answered_calls, tool_name};
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
-    Output, RArc, ROption,
+    Output, RArc,
 };
 
 // §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
@@ -80,23 +80,7 @@ impl ToolResultFilter {
     /// lifecycle metadata of §5.4, and no `retention_policy` (the parts it described are
     /// gone, and a policy of the wrong length would only draw warnings from `retention`).
     fn placeholder_for(&self, message: &Message, tokens_saved: i64) -> Message {
-        let mut copy = message.clone();
-        copy.content = Content::Text(self.placeholder.as_str().into());
-        let original = message.content.clone();
-        let preserve = self.preserve_original;
-        let meta = copy.meta_mut();
-        meta.omitted = ROption::RSome(true);
-        meta.tokens_saved = ROption::RSome(tokens_saved);
-        meta.retention_policy = ROption::RNone;
-        if preserve {
-            meta.can_expand = ROption::RSome(true);
-            // An earlier compaction's original is the real original: expansion must
-            // restore that, not the compacted text.
-            if meta.original_content.is_none() {
-                meta.original_content = ROption::RSome(original);
-            }
-        }
-        copy
+        message.omitted_copy(&self.placeholder, tokens_saved, self.preserve_original)
     }
 }
 
