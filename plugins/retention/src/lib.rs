@@ -54,20 +54,23 @@ impl Settings {
 
     /// Reads `turns`, `mode`, `compact_mode`, `compact_length` from a config table.
     fn read(table: &mut ConfigTable) -> Result<Settings, ConfigError> {
-        const MODES: [ExpirationMode; 3] = [
-            ExpirationMode::None,
-            ExpirationMode::Remove,
-            ExpirationMode::Compact,
-        ];
-        const COMPACT_MODES: [CompactMode; 2] = [CompactMode::FirstNChars, CompactMode::AiSummary];
         Ok(Settings {
             turns: table.u64("turns")?,
-            mode: table
-                .choice("mode", &["none", "remove", "compact"])?
-                .map(|i| MODES[i]),
-            compact_mode: table
-                .choice("compact_mode", &["first_n_chars", "ai_summary"])?
-                .map(|i| COMPACT_MODES[i]),
+            mode: table.one_of(
+                "mode",
+                &[
+                    ("none", ExpirationMode::None),
+                    ("remove", ExpirationMode::Remove),
+                    ("compact", ExpirationMode::Compact),
+                ],
+            )?,
+            compact_mode: table.one_of(
+                "compact_mode",
+                &[
+                    ("first_n_chars", CompactMode::FirstNChars),
+                    ("ai_summary", CompactMode::AiSummary),
+                ],
+            )?,
             compact_length: table.u64("compact_length")?,
         })
     }

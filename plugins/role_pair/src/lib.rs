@@ -417,10 +417,9 @@ impl HistoryPlugin for RolePair {
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
         let mut config = ConfigTable::parse(&load.config_json)?;
-        let mode = match config.choice("mode", &["merge", "drop"])? {
-            Some(1) => Mode::Drop,
-            _ => Mode::Merge,
-        };
+        let mode = config
+            .one_of("mode", &[("merge", Mode::Merge), ("drop", Mode::Drop)])?
+            .unwrap_or(Mode::Merge);
         let placeholder = config
             .string("placeholder")?
             .unwrap_or_else(|| DEFAULT_PLACEHOLDER.to_string());

@@ -22,8 +22,6 @@ pub const DEFAULT_RESERVE_TOKENS: u64 = 4096;
 /// `per_message_tokens` when the config does not set it (SPEC §5.2).
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS;
 
-const TOKENIZERS: [&str; 3] = ["o200k_base", "cl100k_base", "chars4"];
-
 pub struct TokenBudget {
     pins: Pins,
     /// A fixed budget; otherwise the model's `context_tokens − reserve_tokens`.
@@ -147,9 +145,7 @@ impl HistoryPlugin for TokenBudget {
         let per_message_tokens = config
             .u64("per_message_tokens")?
             .unwrap_or(DEFAULT_PER_MESSAGE_TOKENS);
-        let tokenizer = config
-            .choice("tokenizer", &TOKENIZERS)?
-            .and_then(|i| Tokenizer::parse(TOKENIZERS[i]));
+        let tokenizer = config.one_of("tokenizer", &Tokenizer::ALL.map(|t| (t.as_str(), t)))?;
         let pins = Pins {
             system: config.bool("pin_system")?.unwrap_or(true),
             first_user: config.bool("pin_first_user")?.unwrap_or(true),

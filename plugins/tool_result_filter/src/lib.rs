@@ -124,20 +124,32 @@ impl HistoryPlugin for ToolResultFilter {
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
         let mut config = ConfigTable::parse(&load.config_json)?;
-        let strategy = config.choice("strategy", &["keep_last", "drop_all", "keep_all"])?;
+        #[derive(Clone, Copy)]
+        enum Name {
+            KeepLast,
+            DropAll,
+            KeepAll,
+        }
+        let strategy = config.one_of(
+            "strategy",
+            &[
+                ("keep_last", Name::KeepLast),
+                ("drop_all", Name::DropAll),
+                ("keep_all", Name::KeepAll),
+            ],
+        )?;
         let keep = config.u64("keep")?;
-        let strategy = match strategy.unwrap_or(0) {
-            0 => Strategy::KeepLast(usize::try_from(keep.unwrap_or(4)).unwrap_or(usize::MAX)),
+        let strategy = match strategy.unwrap_or(Name::KeepLast) {
+            Name::KeepLast => Strategy::KeepLast(usize::try_from(keep.unwrap_or(4)).unwrap_or(usize::MAX)),
             other => {
                 // `keep` left over from an earlier keep_last is harmless: say so rather
                 // than refuse the whole configuration.
                 if keep.is_some() {
                     load.log.warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
                 }
-                if other == 1 {
-                    Strategy::DropAll
-                } else {
-                    Strategy::KeepAll
+                match other {
+                    Name::DropAll => Strategy::DropAll,
+                    _ => Strategy::KeepAll,
                 }
             }
         };
