@@ -17,6 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use plugin_api::naming::{library_file_name, STEM_PREFIX};
+
 mod scaffold;
 
 type Result<T> = std::result::Result<T, String>;
@@ -86,8 +88,9 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-/// The workspace's plugin packages: members with a `cdylib` target named `history_plugin_*`.
-fn plugin_packages() -> Result<Vec<String>> {
+/// The workspace's plugin packages: members with a `cdylib` target named `history_plugin_*`,
+/// as (package, plugin name).
+fn plugin_packages() -> Result<Vec<(String, String)>> {
     let output = cargo()
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .current_dir(workspace_root())
@@ -104,14 +107,17 @@ fn plugin_packages() -> Result<Vec<String>> {
     let mut names = Vec::new();
     for package in metadata["packages"].as_array().into_iter().flatten() {
         let name = package["name"].as_str().unwrap_or_default();
-        let is_cdylib = package["targets"]
+        // The library's file is named after its cdylib target (not its package).
+        let plugin = package["targets"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|t| t["kind"].as_array().into_iter().flatten().any(|k| k == "cdylib"));
+            .filter(|t| t["kind"].as_array().into_iter().flatten().any(|k| k == "cdylib"))
+            .filter_map(|t| t["name"].as_str()?.strip_prefix(STEM_PREFIX))
+            .find(|plugin| !plugin.is_empty());
         // The bench's fixture is a plugin only for the bench: never installed with the others.
-        if is_cdylib && name.starts_with("history_plugin_") && name != FLOOR_PLUGIN {
-            names.push(name.to_string());
+        if let Some(plugin) = plugin.filter(|_| name != FLOOR_PLUGIN) {
+            names.push((name.to_string(), plugin.to_string()));
         }
     }
     names.sort();
@@ -170,14 +176,6 @@ pub fn install_library(library: &Path, dir: &Path) -> Result<PathBuf> {
     Ok(destination)
 }
 
-fn library_file(package: &str) -> String {
-    format!(
-        "{}{package}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    )
-}
-
 /// Builds the host and every plugin, and installs the plugins into `target/plugins`.
 fn build(release: bool) -> Result<PathBuf> {
     let profile = if release { "release" } else { "dev" };
@@ -191,8 +189,8 @@ fn build(release: bool) -> Result<PathBuf> {
         "--package",
         "agentctl",
     ]);
-    for plugin in &plugins {
-        command.args(["--package", plugin]);
+    for (package, _) in &plugins {
+        command.args(["--package", package]);
     }
     if release {
         command.arg("--release");
@@ -200,8 +198,8 @@ fn build(release: bool) -> Result<PathBuf> {
     run(&mut command)?;
     let built = target_dir().join(if release { "release" } else { "debug" });
     let plugin_dir = target_dir().join("plugins");
-    for plugin in &plugins {
-        let installed = install_library(&built.join(library_file(plugin)), &plugin_dir)?;
+    for (_, plugin) in &plugins {
+        let installed = install_library(&built.join(library_file_name(plugin)), &plugin_dir)?;
         eprintln!("installed {}", installed.display());
     }
     Ok(plugin_dir)
@@ -262,8 +260,8 @@ fn bench(args: &[String]) -> Result<()> {
         "--package",
         FLOOR_PLUGIN,
     ]);
-    for plugin in &plugins {
-        command.args(["--package", plugin]);
+    for (package, _) in &plugins {
+        command.args(["--package", package]);
     }
     run(&mut command)?;
     let built = target_dir().join("release");
@@ -271,15 +269,17 @@ fn bench(args: &[String]) -> Result<()> {
     // A plugin removed from the workspace since the last bench must not be measured.
     if let Ok(entries) = std::fs::read_dir(&bench_dir) {
         for entry in entries.filter_map(|e| e.ok()) {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with(&format!("{}history_plugin_", std::env::consts::DLL_PREFIX)) {
+            if plugin_api::naming::plugin_stem(&entry.path()).is_some() {
                 std::fs::remove_file(entry.path())
                     .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
             }
         }
     }
-    for plugin in plugins.iter().map(String::as_str).chain([FLOOR_PLUGIN]) {
-        install_library(&built.join(library_file(plugin)), &bench_dir)?;
+    let floor = FLOOR_PLUGIN
+        .strip_prefix(STEM_PREFIX)
+        .expect("the floor is a plugin crate");
+    for plugin in plugins.iter().map(|(_, plugin)| plugin.as_str()).chain([floor]) {
+        install_library(&built.join(library_file_name(plugin)), &bench_dir)?;
     }
     let plugin_dir = bench_dir.display().to_string();
     history_bench(&["run", "--plugin-dir", &plugin_dir], args)

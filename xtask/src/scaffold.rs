@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use plugin_api::naming::{is_plugin_name, STEM_PREFIX};
+
 use crate::{workspace_root, Result};
 
 fn camel_case(name: &str) -> String {
@@ -15,12 +17,6 @@ fn camel_case(name: &str) -> String {
                 .unwrap_or_default()
         })
         .collect()
-}
-
-fn is_plugin_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// Creates the crate: in `plugins/NAME` as a workspace member, or standalone in `dir`.
@@ -52,7 +48,7 @@ pub fn new_plugin(name: &str, dir: Option<&Path>) -> Result<PathBuf> {
     };
     let manifest = format!(
         r#"[package]
-name = "history_plugin_{name}"
+name = "{STEM_PREFIX}{name}"
 version = "0.1.0"
 edition = "2021"
 description = "The {name} history plugin"
