@@ -23,19 +23,46 @@ mod scaffold;
 
 type Result<T> = std::result::Result<T, String>;
 
+/// Why a task did not run to the end.
+enum Failure {
+    /// The command line is wrong: the usage goes to stderr, exit code 2.
+    Usage(String),
+    /// The task failed: exit code 1.
+    Task(String),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::Task(message)
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("build") => build(args[1..].iter().any(|a| a == "--release")).map(|_| ()),
-        Some("test") => test(&args[1..]),
-        Some("new-plugin") => new_plugin(&args[1..]),
-        Some("gen-history") => gen_history(&args[1..]),
-        Some("bench") => bench(&args[1..]),
-        _ => Err(USAGE.trim().to_string()),
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (Some(task.as_str()), rest),
+        None => (None, &[][..]),
+    };
+    let result = match task {
+        Some("-h" | "--help" | "help") => {
+            print!("{}", USAGE.trim_start());
+            Ok(())
+        }
+        Some("build") => build_task(rest),
+        Some("test") => test(rest).map_err(Failure::from),
+        Some("new-plugin") => new_plugin(rest),
+        Some("gen-history") => gen_history(rest).map_err(Failure::from),
+        Some("bench") => bench(rest).map_err(Failure::from),
+        Some(other) => Err(Failure::Usage(format!("unknown task `{other}`"))),
+        None => Err(Failure::Usage("no task given".to_string())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        Err(Failure::Usage(message)) => {
+            eprintln!("xtask: {message}\n\n{}", USAGE.trim());
+            ExitCode::from(2)
+        }
+        Err(Failure::Task(message)) => {
             eprintln!("xtask: {message}");
             ExitCode::FAILURE
         }
@@ -52,6 +79,7 @@ usage: cargo xtask <task>
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
                               build in release, install into target/bench-plugins and
                               measure the chain against its floor (SPEC §8)
+  help, -h, --help            print this
 ";
 
 /// The benchmark's package and its pass-through fixture plugin (installed only into
@@ -176,6 +204,18 @@ pub fn install_library(library: &Path, dir: &Path) -> Result<PathBuf> {
     Ok(destination)
 }
 
+fn build_task(args: &[String]) -> std::result::Result<(), Failure> {
+    let mut release = false;
+    for arg in args {
+        match arg.as_str() {
+            "--release" => release = true,
+            other => return Err(Failure::Usage(format!("build: unexpected argument `{other}`"))),
+        }
+    }
+    build(release)?;
+    Ok(())
+}
+
 /// Builds the host and every plugin, and installs the plugins into `target/plugins`.
 fn build(release: bool) -> Result<PathBuf> {
     let profile = if release { "release" } else { "dev" };
@@ -213,14 +253,24 @@ fn test(args: &[String]) -> Result<()> {
         .args(args))
 }
 
-fn new_plugin(args: &[String]) -> Result<()> {
-    let name = args
-        .first()
-        .ok_or("usage: cargo xtask new-plugin NAME [--dir DIR]")?;
-    let dir = match args.iter().position(|a| a == "--dir") {
-        Some(i) => Some(PathBuf::from(args.get(i + 1).ok_or("--dir needs a folder")?)),
-        None => None,
-    };
+fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
+    const USAGE: &str = "new-plugin: usage: cargo xtask new-plugin NAME [--dir DIR]";
+    let mut name = None;
+    let mut dir = None;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--dir" => {
+                let folder = args
+                    .next()
+                    .ok_or(Failure::Usage("new-plugin: --dir needs a folder".into()))?;
+                dir = Some(PathBuf::from(folder));
+            }
+            _ if name.is_none() => name = Some(arg.as_str()),
+            other => return Err(Failure::Usage(format!("{USAGE} (unexpected `{other}`)"))),
+        }
+    }
+    let name = name.ok_or(Failure::Usage(USAGE.into()))?;
     let created = scaffold::new_plugin(name, dir.as_deref())?;
     eprintln!("created plugin crate {}", created.display());
     eprintln!(
