@@ -13,6 +13,8 @@
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain (SPEC §8)
 //! ```
+//!
+//! Every task acts on the workspace the current directory is in (see [`workspace`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -20,6 +22,9 @@ use std::process::{Command, ExitCode};
 use plugin_api::naming::{library_file_name, STEM_PREFIX};
 
 mod scaffold;
+mod workspace;
+
+use workspace::cargo;
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -87,18 +92,6 @@ usage: cargo xtask <task>
 const BENCH_PACKAGE: &str = "history-bench";
 const FLOOR_PLUGIN: &str = "history_plugin_floor";
 
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is inside the workspace")
-        .to_path_buf()
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-}
-
 fn run(command: &mut Command) -> Result<()> {
     let status = command
         .status()
@@ -110,18 +103,18 @@ fn run(command: &mut Command) -> Result<()> {
     }
 }
 
-fn target_dir() -> PathBuf {
+fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
+        .unwrap_or_else(|| root.join("target"))
 }
 
 /// The workspace's plugin packages: members with a `cdylib` target named `history_plugin_*`,
 /// as (package, plugin name).
-fn plugin_packages() -> Result<Vec<(String, String)>> {
+fn plugin_packages(root: &Path) -> Result<Vec<(String, String)>> {
     let output = cargo()
         .args(["metadata", "--no-deps", "--format-version", "1"])
-        .current_dir(workspace_root())
+        .current_dir(root)
         .output()
         .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
     if !output.status.success() {
@@ -154,8 +147,7 @@ fn plugin_packages() -> Result<Vec<(String, String)>> {
 
 /// Refuses `panic = "abort"` for the profile: a plugin's panic must unwind to the export
 /// macro's `catch_unwind`, or it takes the whole host process down (SPEC §3.2).
-fn refuse_panic_abort(profile: &str) -> Result<()> {
-    let root = workspace_root();
+fn refuse_panic_abort(root: &Path, profile: &str) -> Result<()> {
     let env_key = format!("CARGO_PROFILE_{}_PANIC", profile.to_uppercase());
     if std::env::var(&env_key).is_ok_and(|v| v == "abort") {
         return Err(format!(
@@ -212,23 +204,19 @@ fn build_task(args: &[String]) -> std::result::Result<(), Failure> {
             other => return Err(Failure::Usage(format!("build: unexpected argument `{other}`"))),
         }
     }
-    build(release)?;
+    build(&workspace::current_root()?, release)?;
     Ok(())
 }
 
 /// Builds the host and every plugin, and installs the plugins into `target/plugins`.
-fn build(release: bool) -> Result<PathBuf> {
+fn build(root: &Path, release: bool) -> Result<PathBuf> {
     let profile = if release { "release" } else { "dev" };
-    refuse_panic_abort(profile)?;
-    let plugins = plugin_packages()?;
+    refuse_panic_abort(root, profile)?;
+    let plugins = plugin_packages(root)?;
     let mut command = cargo();
-    command.current_dir(workspace_root()).args([
-        "build",
-        "--package",
-        "history-host",
-        "--package",
-        "agentctl",
-    ]);
+    command
+        .current_dir(root)
+        .args(["build", "--package", "history-host", "--package", "agentctl"]);
     for (package, _) in &plugins {
         command.args(["--package", package]);
     }
@@ -236,8 +224,8 @@ fn build(release: bool) -> Result<PathBuf> {
         command.arg("--release");
     }
     run(&mut command)?;
-    let built = target_dir().join(if release { "release" } else { "debug" });
-    let plugin_dir = target_dir().join("plugins");
+    let built = target_dir(root).join(if release { "release" } else { "debug" });
+    let plugin_dir = target_dir(root).join("plugins");
     for (_, plugin) in &plugins {
         let installed = install_library(&built.join(library_file_name(plugin)), &plugin_dir)?;
         eprintln!("installed {}", installed.display());
@@ -246,9 +234,10 @@ fn build(release: bool) -> Result<PathBuf> {
 }
 
 fn test(args: &[String]) -> Result<()> {
-    build(false)?;
+    let root = workspace::current_root()?;
+    build(&root, false)?;
     run(cargo()
-        .current_dir(workspace_root())
+        .current_dir(&root)
         .args(["test", "--workspace"])
         .args(args))
 }
@@ -271,7 +260,8 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
         }
     }
     let name = name.ok_or(Failure::Usage(USAGE.into()))?;
-    let created = scaffold::new_plugin(name, dir.as_deref())?;
+    let root = workspace::current_root()?;
+    let created = scaffold::new_plugin(&root, name, dir.as_deref())?;
     eprintln!("created plugin crate {}", created.display());
     eprintln!(
         "next: cargo xtask build, then agentctl history-chain-add {name} (or add it to [history] chain)"
@@ -280,16 +270,16 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
 }
 
 /// Runs the release `history-bench` with `args` (building it first if needed).
-fn history_bench(args: &[&str], extra: &[String]) -> Result<()> {
+fn history_bench(root: &Path, args: &[&str], extra: &[String]) -> Result<()> {
     run(cargo()
-        .current_dir(workspace_root())
+        .current_dir(root)
         .args(["run", "--quiet", "--release", "--package", BENCH_PACKAGE, "--"])
         .args(args)
         .args(extra))
 }
 
 fn gen_history(args: &[String]) -> Result<()> {
-    history_bench(&["gen-history"], args)
+    history_bench(&workspace::current_root()?, &["gen-history"], args)
 }
 
 /// Builds the host, every plugin, the floor fixture and the bench in release; installs the
@@ -297,10 +287,11 @@ fn gen_history(args: &[String]) -> Result<()> {
 /// fixture never shows up among the shipped plugins); runs the measurements. The bench
 /// writes its configuration there, choosing the full chain where it is installed.
 fn bench(args: &[String]) -> Result<()> {
-    refuse_panic_abort("release")?;
-    let plugins = plugin_packages()?;
+    let root = workspace::current_root()?;
+    refuse_panic_abort(&root, "release")?;
+    let plugins = plugin_packages(&root)?;
     let mut command = cargo();
-    command.current_dir(workspace_root()).args([
+    command.current_dir(&root).args([
         "build",
         "--release",
         "--package",
@@ -314,8 +305,8 @@ fn bench(args: &[String]) -> Result<()> {
         command.args(["--package", package]);
     }
     run(&mut command)?;
-    let built = target_dir().join("release");
-    let bench_dir = target_dir().join("bench-plugins");
+    let built = target_dir(&root).join("release");
+    let bench_dir = target_dir(&root).join("bench-plugins");
     // A plugin removed from the workspace since the last bench must not be measured.
     if let Ok(entries) = std::fs::read_dir(&bench_dir) {
         for entry in entries.filter_map(|e| e.ok()) {
@@ -332,5 +323,5 @@ fn bench(args: &[String]) -> Result<()> {
         install_library(&built.join(library_file_name(plugin)), &bench_dir)?;
     }
     let plugin_dir = bench_dir.display().to_string();
-    history_bench(&["run", "--plugin-dir", &plugin_dir], args)
+    history_bench(&root, &["run", "--plugin-dir", &plugin_dir], args)
 }

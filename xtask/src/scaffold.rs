@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use plugin_api::naming::{is_plugin_name, STEM_PREFIX};
 
-use crate::{workspace_root, Result};
+use crate::Result;
 
 fn camel_case(name: &str) -> String {
     name.split('_')
@@ -19,14 +19,14 @@ fn camel_case(name: &str) -> String {
         .collect()
 }
 
-/// Creates the crate: in `plugins/NAME` as a workspace member, or standalone in `dir`.
-pub fn new_plugin(name: &str, dir: Option<&Path>) -> Result<PathBuf> {
+/// Creates the crate: in `plugins/NAME` of the workspace at `root` as a member, or
+/// standalone in `dir` (depending on `root`'s plugin-api by path).
+pub fn new_plugin(root: &Path, name: &str, dir: Option<&Path>) -> Result<PathBuf> {
     if !is_plugin_name(name) {
         return Err(format!(
             "\"{name}\" is not a plugin name: use lowercase letters, digits and _, starting with a letter"
         ));
     }
-    let root = workspace_root();
     let (crate_dir, standalone) = match dir {
         Some(dir) => (dir.to_path_buf(), true),
         None => (root.join("plugins").join(name), false),
@@ -67,7 +67,7 @@ plugin-api = {{ path = "{api_path}" }}
     write(&crate_dir.join("Cargo.toml"), &manifest)?;
     write(&crate_dir.join("src/lib.rs"), &source)?;
     if !standalone {
-        add_workspace_member(&root, &format!("plugins/{name}"))?;
+        add_workspace_member(root, &format!("plugins/{name}"))?;
     }
     Ok(crate_dir)
 }
