@@ -11,7 +11,7 @@
 //! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R]
 //!                                      build everything in release, install the plugins
 //!                                      and the floor fixture into target/bench-plugins,
-//!                                      measure the chain (SPEC §8)
+//!                                      measure the chain
 //! ```
 //!
 //! Every task acts on the workspace the current directory is in (see [`workspace`]).
@@ -19,12 +19,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use plugin_api::naming::{library_file_name, STEM_PREFIX};
-
+mod install;
 mod scaffold;
 mod workspace;
 
-use workspace::cargo;
+use install::{Install, Profile};
+use workspace::{cargo, Metadata, XTASK_PACKAGE};
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -83,8 +83,9 @@ usage: cargo xtask <task>
                               print a generated agent history (JSON array) to stdout
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
                               build in release, install into target/bench-plugins and
-                              measure the chain against its floor (SPEC §8)
+                              measure the chain against its floor
   help, -h, --help            print this
+Installing removes every other plugin library from the install folder.
 ";
 
 /// The benchmark's package and its pass-through fixture plugin (installed only into
@@ -103,99 +104,6 @@ fn run(command: &mut Command) -> Result<()> {
     }
 }
 
-fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-}
-
-/// The workspace's plugin packages: members with a `cdylib` target named `history_plugin_*`,
-/// as (package, plugin name).
-fn plugin_packages(root: &Path) -> Result<Vec<(String, String)>> {
-    let output = cargo()
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .current_dir(root)
-        .output()
-        .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).map_err(|e| format!("cargo metadata: {e}"))?;
-    let mut names = Vec::new();
-    for package in metadata["packages"].as_array().into_iter().flatten() {
-        let name = package["name"].as_str().unwrap_or_default();
-        // The library's file is named after its cdylib target (not its package).
-        let plugin = package["targets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|t| t["kind"].as_array().into_iter().flatten().any(|k| k == "cdylib"))
-            .filter_map(|t| t["name"].as_str()?.strip_prefix(STEM_PREFIX))
-            .find(|plugin| !plugin.is_empty());
-        // The bench's fixture is a plugin only for the bench: never installed with the others.
-        if let Some(plugin) = plugin.filter(|_| name != FLOOR_PLUGIN) {
-            names.push((name.to_string(), plugin.to_string()));
-        }
-    }
-    names.sort();
-    Ok(names)
-}
-
-/// Refuses `panic = "abort"` for the profile: a plugin's panic must unwind to the export
-/// macro's `catch_unwind`, or it takes the whole host process down (SPEC §3.2).
-fn refuse_panic_abort(root: &Path, profile: &str) -> Result<()> {
-    let env_key = format!("CARGO_PROFILE_{}_PANIC", profile.to_uppercase());
-    if std::env::var(&env_key).is_ok_and(|v| v == "abort") {
-        return Err(format!(
-            "{env_key}=abort: plugins must be built with panic = \"unwind\""
-        ));
-    }
-    for file in [root.join("Cargo.toml"), root.join(".cargo/config.toml")] {
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            continue;
-        };
-        let document: toml_edit::DocumentMut =
-            text.parse().map_err(|e| format!("{}: {e}", file.display()))?;
-        let panic = document
-            .get("profile")
-            .and_then(|p| p.get(profile))
-            .and_then(|p| p.get("panic"))
-            .and_then(|p| p.as_str());
-        if panic == Some("abort") {
-            return Err(format!(
-                "{} sets panic = \"abort\" in [profile.{profile}]: refusing to build plugins that way — \
-                 a panicking plugin would take the host down instead of becoming an error; use panic = \"unwind\"",
-                file.display()
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Copies a library into `dir` under a temporary name, then renames it into place: a
-/// process that has the old file loaded keeps its mapping (overwriting a loaded library
-/// in place crashes that process, SPEC §3.2).
-pub fn install_library(library: &Path, dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let file_name = library.file_name().ok_or("library without a file name")?;
-    let destination = dir.join(file_name);
-    let temporary = dir.join(format!(".{}.installing", file_name.to_string_lossy()));
-    std::fs::copy(library, &temporary).map_err(|e| {
-        format!(
-            "cannot copy {} to {}: {e}",
-            library.display(),
-            temporary.display()
-        )
-    })?;
-    std::fs::rename(&temporary, &destination)
-        .map_err(|e| format!("cannot install {}: {e}", destination.display()))?;
-    Ok(destination)
-}
-
 fn build_task(args: &[String]) -> std::result::Result<(), Failure> {
     let mut release = false;
     for arg in args {
@@ -204,38 +112,30 @@ fn build_task(args: &[String]) -> std::result::Result<(), Failure> {
             other => return Err(Failure::Usage(format!("build: unexpected argument `{other}`"))),
         }
     }
-    build(&workspace::current_root()?, release)?;
+    let root = workspace::current_root()?;
+    build(&root, if release { Profile::Release } else { Profile::Dev })?;
     Ok(())
 }
 
-/// Builds the host and every plugin, and installs the plugins into `target/plugins`.
-fn build(root: &Path, release: bool) -> Result<PathBuf> {
-    let profile = if release { "release" } else { "dev" };
-    refuse_panic_abort(root, profile)?;
-    let plugins = plugin_packages(root)?;
-    let mut command = cargo();
-    command
-        .current_dir(root)
-        .args(["build", "--package", "history-host", "--package", "agentctl"]);
-    for (package, _) in &plugins {
-        command.args(["--package", package]);
+/// Builds the workspace's binaries and every plugin; installs the plugins into
+/// `target/plugins`.
+fn build(root: &Path, profile: Profile) -> Result<()> {
+    let metadata = Metadata::load(root)?;
+    Install {
+        root,
+        target_dir: &metadata.target_dir,
+        profile,
+        packages: &metadata.binaries(&[XTASK_PACKAGE, BENCH_PACKAGE]),
+        plugins: &metadata.plugins(&[FLOOR_PLUGIN]),
+        dir: &metadata.target_dir.join("plugins"),
     }
-    if release {
-        command.arg("--release");
-    }
-    run(&mut command)?;
-    let built = target_dir(root).join(if release { "release" } else { "debug" });
-    let plugin_dir = target_dir(root).join("plugins");
-    for (_, plugin) in &plugins {
-        let installed = install_library(&built.join(library_file_name(plugin)), &plugin_dir)?;
-        eprintln!("installed {}", installed.display());
-    }
-    Ok(plugin_dir)
+    .run()?;
+    Ok(())
 }
 
 fn test(args: &[String]) -> Result<()> {
     let root = workspace::current_root()?;
-    build(&root, false)?;
+    build(&root, Profile::Dev)?;
     run(cargo()
         .current_dir(&root)
         .args(["test", "--workspace"])
@@ -282,46 +182,30 @@ fn gen_history(args: &[String]) -> Result<()> {
     history_bench(&workspace::current_root()?, &["gen-history"], args)
 }
 
-/// Builds the host, every plugin, the floor fixture and the bench in release; installs the
-/// plugins and the fixture into `target/bench-plugins` (a folder of its own, so the
+/// Builds the binaries, every plugin, the floor fixture and the bench in release; installs
+/// the plugins and the fixture into `target/bench-plugins` (a folder of its own, so the
 /// fixture never shows up among the shipped plugins); runs the measurements. The bench
 /// writes its configuration there, choosing the full chain where it is installed.
 fn bench(args: &[String]) -> Result<()> {
     let root = workspace::current_root()?;
-    refuse_panic_abort(&root, "release")?;
-    let plugins = plugin_packages(&root)?;
-    let mut command = cargo();
-    command.current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "history-host",
-        "--package",
-        BENCH_PACKAGE,
-        "--package",
-        FLOOR_PLUGIN,
-    ]);
-    for (package, _) in &plugins {
-        command.args(["--package", package]);
+    let metadata = Metadata::load(&root)?;
+    let mut packages = metadata.binaries(&[XTASK_PACKAGE, BENCH_PACKAGE]);
+    packages.push(BENCH_PACKAGE.to_string());
+    // The floor fixture is among the plugins here, and only here.
+    let plugins = metadata.plugins(&[]);
+    if !plugins.iter().any(|p| p.package == FLOOR_PLUGIN) {
+        return Err(format!("the workspace has no {FLOOR_PLUGIN} package"));
     }
-    run(&mut command)?;
-    let built = target_dir(&root).join("release");
-    let bench_dir = target_dir(&root).join("bench-plugins");
-    // A plugin removed from the workspace since the last bench must not be measured.
-    if let Ok(entries) = std::fs::read_dir(&bench_dir) {
-        for entry in entries.filter_map(|e| e.ok()) {
-            if plugin_api::naming::plugin_stem(&entry.path()).is_some() {
-                std::fs::remove_file(entry.path())
-                    .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
-            }
-        }
+    let dir = metadata.target_dir.join("bench-plugins");
+    Install {
+        root: &root,
+        target_dir: &metadata.target_dir,
+        profile: Profile::Release,
+        packages: &packages,
+        plugins: &plugins,
+        dir: &dir,
     }
-    let floor = FLOOR_PLUGIN
-        .strip_prefix(STEM_PREFIX)
-        .expect("the floor is a plugin crate");
-    for plugin in plugins.iter().map(|(_, plugin)| plugin.as_str()).chain([floor]) {
-        install_library(&built.join(library_file_name(plugin)), &bench_dir)?;
-    }
-    let plugin_dir = bench_dir.display().to_string();
+    .run()?;
+    let plugin_dir = dir.display().to_string();
     history_bench(&root, &["run", "--plugin-dir", &plugin_dir], args)
 }
