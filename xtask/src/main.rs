@@ -163,9 +163,23 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
     let root = workspace::current_root()?;
     let created = scaffold::new_plugin(&root, name, dir.as_deref())?;
     eprintln!("created plugin crate {}", created.display());
-    eprintln!(
-        "next: cargo xtask build, then agentctl history-chain-add {name} (or add it to [history] chain)"
-    );
+    if dir.is_some() {
+        let manifest = created.join("Cargo.toml");
+        let library = created
+            .join("target/release")
+            .join(plugin_api::naming::library_file_name(name));
+        eprintln!(
+            "next: cargo build --release --manifest-path {}, copy {} into your configuration's \
+             plugin_dir, then agentctl history-chain-add {name} (or add \"{name}\" to [history] chain)",
+            manifest.display(),
+            library.display()
+        );
+    } else {
+        eprintln!(
+            "next: cargo xtask build (installs it into target/plugins), then agentctl \
+             history-chain-add {name} (or add \"{name}\" to [history] chain)"
+        );
+    }
     Ok(())
 }
 
