@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plugin_api::naming::is_plugin_name;
 use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
@@ -116,14 +117,6 @@ impl std::fmt::Display for Place {
             write!(f, "position {}", self.position)
         }
     }
-}
-
-/// Whether `name` is a plain chain identifier (never a path): lowercase ASCII letters,
-/// digits and `_`, starting with a letter.
-pub fn is_plugin_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 struct Reader<'a> {

@@ -18,7 +18,7 @@ mod layout;
 
 use std::path::{Path, PathBuf};
 
-use history_engine::config::is_plugin_name;
+use plugin_api::naming::is_plugin_name;
 use history_engine::{Catalog, Chain, Config};
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
 
