@@ -21,6 +21,7 @@ pub mod chain;
 pub mod check;
 pub mod config;
 pub mod document;
+mod elf;
 pub mod expand;
 mod loader;
 pub mod logging;

@@ -16,6 +16,8 @@ use abi_stable::type_layout::TLFieldOrFunction;
 use abi_stable::StableAbi;
 use plugin_api::{ConfigError, Description, LoadContext, PluginBox, PluginModRef, RResult};
 
+use crate::elf;
+
 /// The file stem every plugin library has (after the platform's prefix).
 pub const STEM_PREFIX: &str = "history_plugin_";
 
@@ -66,13 +68,14 @@ pub fn host_api_version() -> String {
 }
 
 impl PluginLibrary {
-    /// Loads one library file.
+    /// Loads one library file, having checked that it is a complete shared library.
     pub fn load(path: &Path) -> Result<PluginLibrary, Refusal> {
         let refuse = |reason: String, detail: Option<String>| Refusal {
             path: path.to_path_buf(),
             reason,
             detail,
         };
+        elf::check(path).map_err(|reason| refuse(reason, None))?;
         let header = lib_header_from_path(path).map_err(|err| match err {
             LibraryError::OpenError { err, .. } => refuse(format!("cannot open it: {err}"), None),
             LibraryError::GetSymbolError { .. } => refuse(
