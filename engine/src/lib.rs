@@ -26,6 +26,7 @@ pub mod expand;
 mod loader;
 pub mod logging;
 mod o200k;
+pub mod probe;
 pub mod selfcheck;
 pub mod summary;
 pub mod tokens;
@@ -36,6 +37,7 @@ pub use config::{Config, ConfigError, OnPluginError};
 pub use loader::{
     host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, PluginLibrary, Refusal,
 };
+pub use probe::Prober;
 
 /// Loads the configuration, discovers the plugins and builds the chain: what every
 /// command that runs the chain does first. Errors are configuration or loading errors.
