@@ -8,8 +8,8 @@
 //! Mapping a library runs its code (its constructors) and trusts its headers, so nothing
 //! is mapped that is not needed. Discovery ([`Catalog::discover`]) only lists the files
 //! named `<prefix>history_plugin_<name><suffix>`: each names its plugin by its file name,
-//! and a file that is not a complete shared library ([`crate::elf`]) is refused there,
-//! unread by the loader. A library is mapped
+//! and a symlink that leads out of `plugin_dir` or a file that is not a complete shared
+//! library ([`crate::elf`]) is refused there, unread by the loader. A library is mapped
 //! when its plugin is asked for ([`Catalog::library`]: a chain entry, a `[plugin.NAME]`
 //! table), and it must export the name its file gives. What looks at every file
 //! (`agentctl plugins`, `check`) loads each one in a child process ([`crate::probe`]).
@@ -229,9 +229,9 @@ pub struct LibraryFile {
     /// The plugin its file name gives (`libhistory_plugin_x.so` → `x`): the name its
     /// library must export.
     pub name: String,
-    /// Its path in `plugin_dir`.
+    /// Its path in `plugin_dir` (a symlink's own path).
     pub path: PathBuf,
-    /// The file that is loaded.
+    /// The file that is loaded: `path`, or a symlink's target (inside `plugin_dir`).
     pub target: PathBuf,
     /// Refused at discovery, before anything was mapped.
     refused: Option<Refusal>,
@@ -241,8 +241,8 @@ pub struct LibraryFile {
 }
 
 impl LibraryFile {
-    /// Why discovery refused the file (not a complete shared library), if it did. Such a
-    /// file is never mapped.
+    /// Why discovery refused the file (a symlink out of `plugin_dir`, not a complete
+    /// shared library), if it did. Such a file is never mapped.
     pub fn refusal(&self) -> Option<&Refusal> {
         self.refused.as_ref()
     }
@@ -295,9 +295,31 @@ pub fn plugin_stem(path: &Path) -> Option<&str> {
     stem.strip_prefix(STEM_PREFIX).filter(|name| !name.is_empty())
 }
 
+/// What is loaded for `path`, an entry of `plugin_dir` (`dir`, canonical): the path itself,
+/// or a symlink's target when it lies inside `plugin_dir`. Plugins load only from there.
+fn resolve(dir: &Path, path: &Path) -> Result<PathBuf, String> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(path.to_path_buf());
+    }
+    let link = std::fs::read_link(path).unwrap_or_default();
+    match std::fs::canonicalize(path) {
+        Ok(target) if target.starts_with(dir) => Ok(target),
+        Ok(target) => Err(format!(
+            "a symbolic link to {}, outside plugin_dir {}: plugins load only from plugin_dir",
+            target.display(),
+            dir.display()
+        )),
+        Err(err) => Err(format!(
+            "a symbolic link to {}, which cannot be read: {err}",
+            link.display()
+        )),
+    }
+}
+
 impl Catalog {
-    /// Lists the plugin library files in `dir` without mapping any: a file that is not a
-    /// complete shared library is refused here.
+    /// Lists the plugin library files in `dir` without mapping any: a symlink out of `dir`
+    /// and a file that is not a complete shared library are refused here.
     pub fn discover(dir: &Path) -> Result<Catalog, DiscoveryError> {
         let cannot_read = |err: std::io::Error| {
             DiscoveryError(format!(
@@ -306,6 +328,7 @@ impl Catalog {
             ))
         };
         let entries = std::fs::read_dir(dir).map_err(cannot_read)?;
+        let canonical = std::fs::canonicalize(dir).map_err(cannot_read)?;
         let mut paths: Vec<PathBuf> = entries
             .filter_map(Result::ok)
             .map(|entry| entry.path())
@@ -320,12 +343,15 @@ impl Catalog {
                 reason,
                 detail: None,
             };
-            // A folder is not a library and is not listed.
-            if !path.is_file() {
-                continue;
-            }
-            let target = path.clone();
-            let refused = elf::check(&target).err().map(refuse);
+            let (target, refused) = match resolve(&canonical, &path) {
+                // A folder (or a link to one) is not a library and is not listed.
+                Ok(target) if !target.is_file() => continue,
+                Ok(target) => {
+                    let refused = elf::check(&target).err().map(refuse);
+                    (target, refused)
+                }
+                Err(reason) => (path.clone(), Some(refuse(reason))),
+            };
             files.push(LibraryFile {
                 name,
                 path,

@@ -1,10 +1,10 @@
 //! Loading plugin libraries safely: a library file cut short (a half-finished copy into
-//! `plugin_dir`), a library whose load-time code crashes, and libraries found by their
-//! file names. The host maps only the libraries its configuration names, after checking
-//! each is a complete shared library; `agentctl`'s commands that look at every file load
-//! each one in a child process.
+//! `plugin_dir`), a library whose load-time code crashes, symlinks that lead out of
+//! `plugin_dir`, and libraries found by their file names. The host maps only the libraries
+//! its configuration names, after checking each is a complete shared library; `agentctl`'s
+//! commands that look at every file load each one in a child process.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
@@ -275,6 +275,104 @@ fn a_crashing_library_in_the_chain_is_a_problem_agentctl_reports_and_can_remove(
     assert!(output.status.success(), "{}", describe(&output));
     let output = config.process(&[], HISTORY);
     assert!(output.status.success(), "{}", describe(&output));
+}
+
+/// A symlink `link` (in a plugin folder) to `target`.
+fn symlink(target: &Path, link: &Path) {
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(target, link).unwrap();
+    #[cfg(not(unix))]
+    panic!("symlinks: unix only ({} -> {})", link.display(), target.display());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_symlink_out_of_plugin_dir_is_refused_and_one_inside_it_is_loaded() {
+    let real = plugin_dir().join(library_file_name("role_pair"));
+    let canonical = std::fs::canonicalize(&real).unwrap();
+
+    // A link to the installed library, outside this plugin_dir.
+    let dir = plugin_dir_with(&[]);
+    let link = dir.path().join(library_file_name("role_pair"));
+    symlink(&real, &link);
+    let outside = format!(
+        "refused plugin library {}: a symbolic link to {}, outside plugin_dir",
+        link.display(),
+        canonical.display()
+    );
+    let in_chain = config(dir.path(), r#"["default", "role_pair"]"#);
+    let output = in_chain.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let errors = stderr(&output);
+    assert_eq!(errors.lines().count(), 1, "{errors}");
+    assert!(
+        errors.contains(&format!(
+            "plugin \"role_pair\" in the chain cannot be loaded: {outside}"
+        )),
+        "{errors}"
+    );
+    let not_in_chain = config(dir.path(), r#"["default"]"#);
+    let output = not_in_chain.process(&[], HISTORY);
+    assert!(output.status.success(), "{}", describe(&output));
+    let errors = stderr(&output);
+    let named = lines_naming(&errors, &link);
+    assert_eq!(named.len(), 1, "{}", describe(&output));
+    assert!(named[0].contains(&outside), "{}", describe(&output));
+    let entry = plugins_entry(&not_in_chain, &link, &[]);
+    assert_eq!(entry["loads"], false, "{entry}");
+    assert!(
+        entry["reason"].as_str().unwrap().contains("outside plugin_dir"),
+        "{entry}"
+    );
+
+    // A relative link that climbs out, and a link to a link that leads out, likewise.
+    let dir = plugin_dir_with(&[]);
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::copy(&real, elsewhere.path().join("role_pair.so")).unwrap();
+    let climbing = PathBuf::from("..")
+        .join(elsewhere.path().file_name().unwrap())
+        .join("role_pair.so");
+    let relative = dir.path().join(library_file_name("role_pair"));
+    assert_eq!(
+        dir.path().parent(),
+        elsewhere.path().parent(),
+        "both in the temp folder"
+    );
+    symlink(&climbing, &relative);
+    let chained = dir.path().join(library_file_name("chained"));
+    symlink(Path::new(&library_file_name("role_pair")), &chained);
+    let config_out = config(dir.path(), r#"["default", "role_pair"]"#);
+    let output = config_out.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert!(
+        stderr(&output).contains("outside plugin_dir"),
+        "{}",
+        describe(&output)
+    );
+    let entry = plugins_entry(&config_out, &chained, &[]);
+    assert!(
+        entry["reason"].as_str().unwrap().contains("outside plugin_dir"),
+        "{entry}"
+    );
+
+    // A link to a file inside plugin_dir (here in a subfolder) is loaded.
+    let dir = plugin_dir_with(&[]);
+    std::fs::create_dir(dir.path().join("store")).unwrap();
+    std::fs::copy(&real, dir.path().join("store/role_pair-0.1.0.so")).unwrap();
+    symlink(
+        Path::new("store/role_pair-0.1.0.so"),
+        &dir.path().join(library_file_name("role_pair")),
+    );
+    let inside = config(dir.path(), r#"["default", "role_pair"]"#);
+    let output = inside.process(&[], HISTORY);
+    assert!(output.status.success(), "{}", describe(&output));
+    // role_pair ran: it merged the two user messages.
+    let out = json(&stdout(&output));
+    assert_eq!(out.as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(
+        plugins_entry(&inside, &dir.path().join(library_file_name("role_pair")), &[])["loads"],
+        true
+    );
 }
 
 #[test]
