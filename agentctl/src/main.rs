@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use agentctl::edit::{self, Edit};
 use agentctl::report;
 use clap::{Parser, Subcommand};
-use history_engine::{logging, selfcheck, Catalog, Config};
+use history_engine::{logging, probe, selfcheck, Config, Prober};
 
 #[derive(Parser)]
 #[command(
@@ -78,6 +78,28 @@ enum Command {
     Plugins,
     /// Load the chain, validate every plugin's config, run the chain on a sample history.
     Check,
+    /// Internal: load one plugin library in this process and print what it is as one JSON
+    /// line. `plugins`, `check` and `history-list` run it per library, so a library that
+    /// crashes while it loads ends this child, not them.
+    #[command(name = PROBE_COMMAND, hide = true)]
+    ProbeLibrary {
+        library: PathBuf,
+        /// The configuration whose `[plugin.NAME]` table the plugin validates.
+        config_file: Option<PathBuf>,
+    },
+}
+
+/// The hidden subcommand that probes one library.
+const PROBE_COMMAND: &str = "__probe-library";
+
+/// Runs this very binary's probe subcommand per library.
+fn prober() -> Result<Prober, Failure> {
+    let program = std::env::current_exe().map_err(|err| {
+        Failure(format!(
+            "cannot find the agentctl binary to probe plugin libraries: {err}"
+        ))
+    })?;
+    Ok(Prober::new(program, [PROBE_COMMAND]))
 }
 
 /// A failure: one line for stderr.
@@ -89,6 +111,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = cli.json;
     let result = match cli.command {
+        Command::ProbeLibrary { library, config_file } => {
+            return probe::answer(&library, config_file.as_deref());
+        }
         Command::HistoryList => history_list(&cli.config, json),
         Command::Plugins => plugins(&cli.config, json),
         Command::Check => check(&cli.config, json),
@@ -174,7 +199,8 @@ fn load_config(file: &Path) -> Result<Config, Failure> {
 }
 
 fn run_edit(file: &Path, edit: Edit, json: bool) -> Result<bool, Failure> {
-    let outcome = edit::run(file, &edit, &fault_hook).map_err(|refused| Failure(refused.0))?;
+    let outcome =
+        edit::run(file, &edit, Some(prober()?), &fault_hook).map_err(|refused| Failure(refused.0))?;
     if json {
         print_json(&serde_json::json!({
             "file": outcome.file.display().to_string(),
@@ -191,8 +217,8 @@ fn run_edit(file: &Path, edit: Edit, json: bool) -> Result<bool, Failure> {
 
 fn history_list(file: &Path, json: bool) -> Result<bool, Failure> {
     let config = load_config(file)?;
-    let catalog = Catalog::discover(&config.plugin_dir);
-    let (text, value) = report::history_list(&config, &catalog);
+    let statuses = selfcheck::plugins(&config, &prober()?);
+    let (text, value) = report::history_list(&config, &statuses);
     if json {
         print_json(&value);
     } else {
@@ -203,8 +229,8 @@ fn history_list(file: &Path, json: bool) -> Result<bool, Failure> {
 
 fn plugins(file: &Path, json: bool) -> Result<bool, Failure> {
     let config = load_config(file)?;
-    let statuses =
-        selfcheck::plugins(&config).map_err(|err| Failure(format!("{}: {err}", file.display())))?;
+    let statuses = selfcheck::plugins(&config, &prober()?)
+        .map_err(|err| Failure(format!("{}: {err}", file.display())))?;
     let (text, value) = report::render_plugins(&config, &statuses);
     if json {
         print_json(&value);
@@ -215,7 +241,7 @@ fn plugins(file: &Path, json: bool) -> Result<bool, Failure> {
 }
 
 fn check(file: &Path, json: bool) -> Result<bool, Failure> {
-    let report = selfcheck::check(file);
+    let report = selfcheck::check(file, &prober()?);
     let (text, value) = report::render_check(&report);
     if json {
         print_json(&value);

@@ -5,25 +5,40 @@
 use std::fmt::Write;
 
 use history_engine::selfcheck::{CheckReport, LibraryStatus};
-use history_engine::{Catalog, Config, DiscoveryError, PluginLibrary};
+use history_engine::{plugin_stem, Config, DiscoveryError};
 use serde_json::{json, Value};
 
 /// `history-list`: the chain in order with each plugin's summary, the settings, the
-/// models with their window, and the available plugins not in the chain.
-pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) -> (String, Value) {
+/// models with their window, and the available plugins not in the chain; from the
+/// libraries as `plugins` found them (`statuses`).
+pub fn history_list(
+    config: &Config,
+    statuses: &Result<Vec<LibraryStatus>, DiscoveryError>,
+) -> (String, Value) {
+    // A library stands for the plugin its file is named for.
+    let file_of = |name: &str| -> Option<&LibraryStatus> {
+        statuses.as_ref().ok()?.iter().find(|s| {
+            s.file
+                .as_deref()
+                .and_then(plugin_stem)
+                .is_some_and(|stem| stem == name)
+        })
+    };
     let describe = |name: &str| -> (Option<String>, Option<String>) {
-        match catalog {
-            Ok(catalog) => match catalog.plugins.get(name) {
-                Some(library) => (Some(library.description.summary.to_string()), None),
-                None => match catalog.refusal_for(name) {
-                    Some(refusal) => (None, Some(format!("cannot be loaded: {}", refusal.reason))),
-                    None => (
-                        None,
-                        Some(format!("not available in {}", config.plugin_dir.display())),
-                    ),
-                },
-            },
-            Err(err) => (None, Some(err.to_string())),
+        match (statuses, file_of(name)) {
+            (Err(err), _) => (None, Some(err.to_string())),
+            (Ok(_), Some(status)) if status.available => (status.summary.clone(), None),
+            (Ok(_), Some(status)) => (
+                None,
+                Some(format!(
+                    "cannot be loaded: {}",
+                    status.reason.as_deref().unwrap_or("unknown reason")
+                )),
+            ),
+            (Ok(_), None) => (
+                None,
+                Some(format!("not available in {}", config.plugin_dir.display())),
+            ),
         }
     };
     let mut text = String::new();
@@ -106,14 +121,11 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
         }));
     }
     let mut available_json = Vec::new();
-    match catalog {
-        Ok(catalog) => {
-            let others: Vec<&PluginLibrary> = catalog
-                .plugins
-                .values()
-                .filter(|library| {
-                    !config.chain.contains(&library.name) && !config.view.contains(&library.name)
-                })
+    match statuses {
+        Ok(statuses) => {
+            let others: Vec<&LibraryStatus> = statuses
+                .iter()
+                .filter(|status| status.available && config.place_of(&status.name).is_none())
                 .collect();
             if others.is_empty() {
                 let _ = writeln!(text, "available, not in the chain: none");
@@ -121,16 +133,12 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
                 let _ = writeln!(text, "available, not in the chain:");
                 let width = others.iter().map(|l| l.name.len()).max().unwrap_or(0);
                 for library in others {
-                    let _ = writeln!(
-                        text,
-                        "  {:<width$}  {}",
-                        library.name,
-                        library.description.summary.as_str()
-                    );
+                    let summary = library.summary.as_deref().unwrap_or("");
+                    let _ = writeln!(text, "  {:<width$}  {summary}", library.name);
                     available_json.push(json!({
                         "name": library.name,
                         "version": library.version,
-                        "description": library.description.summary.as_str(),
+                        "description": summary,
                     }));
                 }
             }
@@ -150,7 +158,7 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
         "on_plugin_error": config.on_plugin_error.as_str(),
         "models": models_json,
         "available": available_json,
-        "discovery_error": catalog.as_ref().err().map(|e| e.to_string()),
+        "discovery_error": statuses.as_ref().err().map(|e| e.to_string()),
     });
     (text, json)
 }

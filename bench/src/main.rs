@@ -137,15 +137,13 @@ struct Bench {
 /// the plugins that are) and loads it through the host library.
 fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>) -> Result<Bench> {
     let catalog = Catalog::discover(plugin_dir).map_err(|e| e.to_string())?;
-    if !catalog.plugins.contains_key("floor") {
+    if !catalog.has("floor") {
         return Err(format!(
             "{} has no floor plugin: run the bench with `cargo xtask bench`",
             plugin_dir.display()
         ));
     }
-    let (present, missing): (Vec<&str>, Vec<&str>) = FULL_CHAIN
-        .iter()
-        .partition(|name| catalog.plugins.contains_key(**name));
+    let (present, missing): (Vec<&str>, Vec<&str>) = FULL_CHAIN.iter().partition(|name| catalog.has(name));
     let max_tokens_applied = max_tokens.is_some() && present.contains(&"token_budget");
     let chain_list = present
         .iter()

@@ -9,7 +9,7 @@ use plugin_api::{
 
 use crate::check::{check_faults, check_output, is_passthrough, is_selection};
 use crate::config::{Config, ConfigError, OnPluginError};
-use crate::loader::{Catalog, PluginLibrary};
+use crate::loader::{Catalog, PluginLibrary, Unavailable};
 use crate::{logging, tokens, turns};
 
 /// One loaded plugin instance in the chain.
@@ -111,21 +111,42 @@ impl Chain {
     /// Instantiates the configured chain from the discovered plugins. Every
     /// `[plugin.NAME]` table of an available plugin is validated by its plugin, in the
     /// chain or not (so `agentctl` can enable it safely); a table naming no available
-    /// plugin is a warning.
+    /// plugin is a warning. Only those libraries are mapped: a library nothing names is
+    /// never loaded, and one refused at discovery is a warning line.
     pub fn load(config: &Config, catalog: &Catalog) -> Result<Chain, ConfigError> {
+        let names = || {
+            config
+                .chain
+                .iter()
+                .chain(&config.view)
+                .chain(config.plugins.iter().map(|t| &t.name))
+                .map(String::as_str)
+        };
+        catalog.preload(names());
         let stages = load_stages(config, catalog, "chain", &config.chain)?;
         let view = load_stages(config, catalog, "view", &config.view)?;
         for table in &config.plugins {
-            if config.chain.contains(&table.name) || config.view.contains(&table.name) {
+            if config.place_of(&table.name).is_some() {
                 continue;
             }
-            if instantiate(config, catalog, &table.name)?.is_none() {
-                tracing::warn!(
+            match catalog.library(&table.name) {
+                Ok(library) => drop(instantiate_library(config, library)?),
+                Err(Unavailable::Missing) => tracing::warn!(
                     "{}: [plugin.{}] names no available plugin (available: {})",
                     config.file.display(),
                     table.name,
                     catalog.available_names()
-                );
+                ),
+                Err(Unavailable::Refused(refusal)) => tracing::warn!(
+                    "{}: [plugin.{}] names a plugin that cannot be loaded: {refusal}",
+                    config.file.display(),
+                    table.name,
+                ),
+            }
+        }
+        for file in catalog.files() {
+            if let Some(refusal) = file.refusal().filter(|_| !names().any(|n| n == file.name)) {
+                tracing::warn!("{refusal}");
             }
         }
         Ok(Chain {
@@ -146,19 +167,18 @@ impl Chain {
         copies: usize,
     ) -> Result<Chain, ConfigError> {
         let mut stages = Vec::with_capacity(copies);
+        let library = catalog.library(name).map_err(|_| {
+            config.error(
+                None,
+                format!(
+                    "plugin \"{name}\" is not available in {} (available: {})",
+                    config.plugin_dir.display(),
+                    catalog.available_names()
+                ),
+            )
+        })?;
         for _ in 0..copies {
-            let (Some(library), Some(instance)) =
-                (catalog.plugins.get(name), instantiate(config, catalog, name)?)
-            else {
-                return Err(config.error(
-                    None,
-                    format!(
-                        "plugin \"{name}\" is not available in {} (available: {})",
-                        config.plugin_dir.display(),
-                        catalog.available_names()
-                    ),
-                ));
-            };
+            let instance = instantiate_library(config, library)?;
             stages.push(Stage {
                 name: name.to_string(),
                 version: library.version.clone(),
@@ -350,18 +370,20 @@ fn load_stages(
 ) -> Result<Vec<Stage>, ConfigError> {
     let mut stages = Vec::with_capacity(names.len());
     for name in names {
-        let Some(library) = catalog.plugins.get(name) else {
+        let library = catalog.library(name).map_err(|unavailable| {
             let line = config.history_key_line(list);
-            let message = match catalog.refusal_for(name) {
-                Some(refusal) => format!("plugin \"{name}\" in the {list} cannot be loaded: {refusal}"),
-                None => format!(
+            let message = match unavailable {
+                Unavailable::Refused(refusal) => {
+                    format!("plugin \"{name}\" in the {list} cannot be loaded: {refusal}")
+                }
+                Unavailable::Missing => format!(
                     "plugin \"{name}\" in the {list} is not available in {} (available: {})",
                     config.plugin_dir.display(),
                     catalog.available_names()
                 ),
             };
-            return Err(config.error(line, message));
-        };
+            config.error(line, message)
+        })?;
         stages.push(Stage {
             name: name.clone(),
             version: library.version.clone(),
@@ -369,14 +391,6 @@ fn load_stages(
         });
     }
     Ok(stages)
-}
-
-/// Builds plugin `name`'s instance with its table; `Ok(None)` when it is not available.
-fn instantiate(config: &Config, catalog: &Catalog, name: &str) -> Result<Option<PluginBox>, ConfigError> {
-    let Some(library) = catalog.plugins.get(name) else {
-        return Ok(None);
-    };
-    instantiate_library(config, library).map(Some)
 }
 
 /// Builds an instance of `library` with its `[plugin.NAME]` table, the plugin validating

@@ -3,7 +3,9 @@
 //! (`history-host`, `agentctl`) and the service crates build on this API.
 //!
 //! - [`Config`] (`plugins-enabled.toml`, validated with errors naming key and line);
-//! - [`Catalog`] / [`PluginLibrary`]: discovery in `plugin_dir` and loading;
+//! - [`Catalog`] / [`PluginLibrary`]: discovery in `plugin_dir` (nothing mapped) and
+//!   loading of what is needed; [`probe`]: loading a library in a child process, for what
+//!   looks at every file;
 //! - [`Chain`]: the plugin instances and a run of them ([`Chain::run`]), every stage's
 //!   output checked ([`check`]) and faults handled by `on_plugin_error`;
 //! - [`turns`]: turns and message identities, derived once before the chain, and the
@@ -21,10 +23,12 @@ pub mod chain;
 pub mod check;
 pub mod config;
 pub mod document;
+mod elf;
 pub mod expand;
 mod loader;
 pub mod logging;
 mod o200k;
+pub mod probe;
 pub mod selfcheck;
 pub mod summary;
 pub mod tokens;
@@ -33,11 +37,14 @@ pub mod turns;
 pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, SharedChain, StageReport};
 pub use config::{Config, ConfigError, OnPluginError};
 pub use loader::{
-    host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, PluginLibrary, Refusal,
+    host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, PluginLibrary,
+    Refusal, Unavailable,
 };
+pub use probe::Prober;
 
 /// Loads the configuration, discovers the plugins and builds the chain: what every
-/// command that runs the chain does first. Errors are configuration or loading errors.
+/// command that runs the chain does first. Only the libraries the configuration names are
+/// mapped. Errors are configuration or loading errors.
 pub fn load_chain(config_file: &std::path::Path) -> Result<(Config, Catalog, Chain), ConfigError> {
     let config = Config::load(config_file)?;
     let catalog = Catalog::discover(&config.plugin_dir).map_err(|e| config.error(None, e.0))?;

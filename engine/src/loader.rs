@@ -4,9 +4,18 @@
 //! `RootModule::load_from_file`, which caches one module per type and would hand back the
 //! first plugin for every later path. Libraries are never unloaded. A library built
 //! against another `plugin-api` is refused before any of its code runs, in one line.
+//!
+//! Mapping a library runs its code (its constructors) and trusts its headers, so nothing
+//! is mapped that is not needed. Discovery ([`Catalog::discover`]) only lists the files
+//! named `<prefix>history_plugin_<name><suffix>`: each names its plugin by its file name,
+//! and a symlink that leads out of `plugin_dir` or a file that is not a complete shared
+//! library ([`crate::elf`]) is refused there, unread by the loader. A library is mapped
+//! when its plugin is asked for ([`Catalog::library`]: a chain entry, a `[plugin.NAME]`
+//! table), and it must export the name its file gives. What looks at every file
+//! (`agentctl plugins`, `check`) loads each one in a child process ([`crate::probe`]).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use abi_stable::abi_stability::abi_checking::{
     check_layout_compatibility, AbiInstability, AbiInstabilityErrors,
@@ -16,8 +25,10 @@ use abi_stable::type_layout::TLFieldOrFunction;
 use abi_stable::StableAbi;
 use plugin_api::{ConfigError, Description, LoadContext, PluginBox, PluginModRef, RResult};
 
-/// The file stem every plugin library has (after the platform's prefix).
-pub const STEM_PREFIX: &str = "history_plugin_";
+use crate::elf;
+use crate::probe::{Probed, Prober};
+
+pub use plugin_api::naming::{library_file_name, plugin_stem};
 
 /// A loaded plugin library.
 pub struct PluginLibrary {
@@ -66,14 +77,20 @@ pub fn host_api_version() -> String {
 }
 
 impl PluginLibrary {
-    /// Loads one library file.
+    /// Loads one library file, having checked that it is a complete shared library.
     pub fn load(path: &Path) -> Result<PluginLibrary, Refusal> {
+        PluginLibrary::load_as(path, path)
+    }
+
+    /// Loads `file`, naming it `shown` (a symlink's own path in `plugin_dir`).
+    fn load_as(shown: &Path, file: &Path) -> Result<PluginLibrary, Refusal> {
         let refuse = |reason: String, detail: Option<String>| Refusal {
-            path: path.to_path_buf(),
+            path: shown.to_path_buf(),
             reason,
             detail,
         };
-        let header = lib_header_from_path(path).map_err(|err| match err {
+        elf::check(file).map_err(|reason| refuse(reason, None))?;
+        let header = lib_header_from_path(file).map_err(|err| match err {
             LibraryError::OpenError { err, .. } => refuse(format!("cannot open it: {err}"), None),
             LibraryError::GetSymbolError { .. } => refuse(
                 "not a history plugin (it exports no abi_stable root module)".into(),
@@ -124,7 +141,7 @@ impl PluginLibrary {
             name,
             version,
             description,
-            path: path.to_path_buf(),
+            path: shown.to_path_buf(),
             module,
         })
     }
@@ -204,16 +221,51 @@ fn first_mismatch(errors: &AbiInstabilityErrors) -> String {
     format!("{place}: {what}")
 }
 
-/// The plugin libraries found in a folder.
-#[derive(Debug, Default)]
-pub struct Catalog {
-    /// Loadable plugins by exported name.
-    pub plugins: BTreeMap<String, PluginLibrary>,
-    /// Libraries that were found but refused.
-    pub refused: Vec<Refusal>,
+/// One library file of `plugin_dir`, found by its name and mapped only when its plugin is
+/// asked for ([`Catalog::library`]).
+#[derive(Debug)]
+pub struct LibraryFile {
+    /// The plugin its file name gives (`libhistory_plugin_x.so` → `x`): the name its
+    /// library must export.
+    pub name: String,
+    /// Its path in `plugin_dir` (a symlink's own path).
+    pub path: PathBuf,
+    /// The file that is loaded: `path`, or a symlink's target (inside `plugin_dir`).
+    pub target: PathBuf,
+    /// Refused at discovery, before anything was mapped.
+    refused: Option<Refusal>,
+    /// What a child process found, when the catalog probes ([`Catalog::probed`]).
+    probed: OnceLock<Result<Probed, Refusal>>,
+    loaded: OnceLock<Result<PluginLibrary, Refusal>>,
 }
 
-/// A discovery error: two files export the same name, or the folder cannot be read.
+impl LibraryFile {
+    /// Why discovery refused the file (a symlink out of `plugin_dir`, not a complete
+    /// shared library), if it did. Such a file is never mapped.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refused.as_ref()
+    }
+}
+
+/// The plugin library files of `plugin_dir`, each loaded only when asked for.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// By name (file name order).
+    files: Vec<LibraryFile>,
+    /// When set, a library is first loaded in a child process ([`Catalog::probed`]).
+    prober: Option<Prober>,
+}
+
+/// Why [`Catalog::library`] has no library for a name.
+#[derive(Debug, Clone, Copy)]
+pub enum Unavailable<'a> {
+    /// No file in `plugin_dir` is named for it.
+    Missing,
+    /// Its file is refused.
+    Refused(&'a Refusal),
+}
+
+/// A discovery error: the folder cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryError(pub String);
 
@@ -223,82 +275,202 @@ impl std::fmt::Display for DiscoveryError {
     }
 }
 
-/// Library files in `dir` named `<prefix>history_plugin_*<suffix>`, sorted.
-pub fn library_files(dir: &Path) -> Result<Vec<PathBuf>, DiscoveryError> {
-    let entries = std::fs::read_dir(dir).map_err(|err| {
-        DiscoveryError(format!(
-            "cannot read plugin_dir {}: {err} (build and install the plugins with `cargo xtask build`)",
+/// What is loaded for `path`, an entry of `plugin_dir` (`dir`, canonical): the path itself,
+/// or a symlink's target when it lies inside `plugin_dir`. Plugins load only from there.
+fn resolve(dir: &Path, path: &Path) -> Result<PathBuf, String> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(path.to_path_buf());
+    }
+    let link = std::fs::read_link(path).unwrap_or_default();
+    match std::fs::canonicalize(path) {
+        Ok(target) if target.starts_with(dir) => Ok(target),
+        Ok(target) => Err(format!(
+            "a symbolic link to {}, outside plugin_dir {}: plugins load only from plugin_dir",
+            target.display(),
             dir.display()
-        ))
-    })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| path.is_file() && plugin_stem(path).is_some())
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// The file name of plugin `name`'s library (`x` → `libhistory_plugin_x.so` on Linux):
-/// the inverse of [`plugin_stem`].
-pub fn library_file_name(name: &str) -> String {
-    format!(
-        "{}{STEM_PREFIX}{name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    )
-}
-
-/// The chain name a library file's name suggests (`libhistory_plugin_x.so` → `x`).
-pub fn plugin_stem(path: &Path) -> Option<&str> {
-    let file = path.file_name()?.to_str()?;
-    let stem = file
-        .strip_prefix(std::env::consts::DLL_PREFIX)?
-        .strip_suffix(std::env::consts::DLL_SUFFIX)?;
-    stem.strip_prefix(STEM_PREFIX).filter(|name| !name.is_empty())
+        )),
+        Err(err) => Err(format!(
+            "a symbolic link to {}, which cannot be read: {err}",
+            link.display()
+        )),
+    }
 }
 
 impl Catalog {
-    /// Discovers and loads every plugin library in `dir`.
+    /// Lists the plugin library files in `dir` without mapping any: a symlink out of `dir`
+    /// and a file that is not a complete shared library are refused here.
     pub fn discover(dir: &Path) -> Result<Catalog, DiscoveryError> {
-        let mut catalog = Catalog::default();
-        for path in library_files(dir)? {
-            match PluginLibrary::load(&path) {
-                Ok(library) => {
-                    if let Some(other) = catalog.plugins.get(&library.name) {
-                        return Err(DiscoveryError(format!(
-                            "two plugin libraries export the name \"{}\": {} and {}",
-                            library.name,
-                            other.path.display(),
-                            path.display()
-                        )));
-                    }
-                    catalog.plugins.insert(library.name.clone(), library);
+        let cannot_read = |err: std::io::Error| {
+            DiscoveryError(format!(
+                "cannot read plugin_dir {}: {err} (build and install the plugins with `cargo xtask build`)",
+                dir.display()
+            ))
+        };
+        let entries = std::fs::read_dir(dir).map_err(cannot_read)?;
+        let canonical = std::fs::canonicalize(dir).map_err(cannot_read)?;
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| plugin_stem(path).is_some())
+            .collect();
+        paths.sort();
+        let mut files = Vec::new();
+        for path in paths {
+            let name = plugin_stem(&path).unwrap_or_default().to_string();
+            let refuse = |reason: String| Refusal {
+                path: path.clone(),
+                reason,
+                detail: None,
+            };
+            let (target, refused) = match resolve(&canonical, &path) {
+                // A folder (or a link to one) is not a library and is not listed.
+                Ok(target) if !target.is_file() => continue,
+                Ok(target) => {
+                    let refused = elf::check(&target).err().map(refuse);
+                    (target, refused)
                 }
-                Err(refusal) => {
-                    tracing::warn!("{refusal}");
-                    if let Some(detail) = &refusal.detail {
-                        tracing::debug!("{}: {detail}", refusal.path.display());
-                    }
-                    catalog.refused.push(refusal);
-                }
+                Err(reason) => (path.clone(), Some(refuse(reason))),
+            };
+            files.push(LibraryFile {
+                name,
+                path,
+                target,
+                refused,
+                probed: OnceLock::new(),
+                loaded: OnceLock::new(),
+            });
+        }
+        Ok(Catalog { files, prober: None })
+    }
+
+    /// This catalog, loading every library first in a child process run by `prober`, so
+    /// a library that crashes or exits while it loads is refused instead of ending this
+    /// process. For tools that must outlive any library; the host itself loads directly.
+    pub fn probed(mut self, prober: Prober) -> Catalog {
+        self.prober = Some(prober);
+        self
+    }
+
+    /// With a prober, probes the libraries of `names` not probed yet, all at once (a few
+    /// children at a time), so that loading them one by one later waits on none.
+    pub fn preload<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let Some(prober) = &self.prober else {
+            return;
+        };
+        let mut files: Vec<&LibraryFile> = names
+            .into_iter()
+            .filter_map(|name| self.file(name))
+            .filter(|file| file.refused.is_none() && file.probed.get().is_none())
+            .collect();
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        files.dedup_by(|a, b| a.path == b.path);
+        let targets: Vec<&Path> = files.iter().map(|file| file.target.as_path()).collect();
+        for (file, result) in files.iter().zip(prober.probe_all(&targets, None)) {
+            let _ = file.probed.set(result);
+        }
+    }
+
+    /// Every library file found, in file name order.
+    pub fn files(&self) -> &[LibraryFile] {
+        &self.files
+    }
+
+    /// The file named for plugin `name`.
+    pub fn file(&self, name: &str) -> Option<&LibraryFile> {
+        self.files.iter().find(|file| file.name == name)
+    }
+
+    /// Plugin `name`'s library, mapped on first use (never before, never twice): the
+    /// file named for it, which must export that name.
+    pub fn library(&self, name: &str) -> Result<&PluginLibrary, Unavailable<'_>> {
+        let file = self.file(name).ok_or(Unavailable::Missing)?;
+        if let Some(refusal) = &file.refused {
+            return Err(Unavailable::Refused(refusal));
+        }
+        file.loaded
+            .get_or_init(|| self.load(file))
+            .as_ref()
+            .map_err(Unavailable::Refused)
+    }
+
+    fn load(&self, file: &LibraryFile) -> Result<PluginLibrary, Refusal> {
+        let refuse = |reason: String| Refusal {
+            path: file.path.clone(),
+            reason,
+            detail: None,
+        };
+        let exports = |name: &str| self.name_conflict(file, name).map_or(Ok(()), |r| Err(refuse(r)));
+        let result = (|| -> Result<PluginLibrary, Refusal> {
+            if let Some(prober) = &self.prober {
+                let probed = file.probed.get_or_init(|| prober.probe(&file.target, None));
+                let probed = probed.as_ref().map_err(|refusal| Refusal {
+                    path: file.path.clone(),
+                    ..refusal.clone()
+                })?;
+                // Refused before it is mapped here, as the probe saw it.
+                exports(&probed.name)?;
+            }
+            let library = PluginLibrary::load_as(&file.path, &file.target)?;
+            exports(&library.name)?;
+            Ok(library)
+        })();
+        if let Err(refusal) = &result {
+            if let Some(detail) = &refusal.detail {
+                tracing::debug!("{}: {detail}", refusal.path.display());
             }
         }
-        Ok(catalog)
+        result
     }
 
-    /// The available plugins' names, for messages.
+    /// Why `file`'s library cannot stand for its plugin when it exports `exported`: a
+    /// library must export the name its file gives, and two files that export one name are
+    /// an error naming both.
+    pub fn name_conflict(&self, file: &LibraryFile, exported: &str) -> Option<String> {
+        if exported == file.name {
+            return None;
+        }
+        Some(match self.file(exported) {
+            Some(other) => {
+                let (first, second) = if other.path < file.path {
+                    (&other.path, &file.path)
+                } else {
+                    (&file.path, &other.path)
+                };
+                format!(
+                    "two plugin libraries export the name \"{exported}\": {} and {} (remove one)",
+                    first.display(),
+                    second.display()
+                )
+            }
+            None => format!(
+                "it exports the name \"{exported}\", not \"{}\" as its file name says (rename it {})",
+                file.name,
+                library_file_name(exported)
+            ),
+        })
+    }
+
+    /// Whether plugin `name` has a library file not refused so far (it may still be
+    /// refused when it is loaded).
+    pub fn has(&self, name: &str) -> bool {
+        self.file(name)
+            .is_some_and(|file| file.refused.is_none() && !matches!(file.loaded.get(), Some(Err(_))))
+    }
+
+    /// The available plugins' names, for messages: the files not refused so far, by the
+    /// names their file names give.
     pub fn available_names(&self) -> String {
-        if self.plugins.is_empty() {
+        let names: Vec<&str> = self
+            .files
+            .iter()
+            .filter(|file| self.has(&file.name))
+            .map(|file| file.name.as_str())
+            .collect();
+        if names.is_empty() {
             "none; build and install plugins with `cargo xtask build`".to_string()
         } else {
-            self.plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+            names.join(", ")
         }
-    }
-
-    /// The refusal of the library whose file name suggests `name`, if any.
-    pub fn refusal_for(&self, name: &str) -> Option<&Refusal> {
-        self.refused.iter().find(|r| plugin_stem(&r.path) == Some(name))
     }
 }

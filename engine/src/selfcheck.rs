@@ -2,103 +2,129 @@
 //! in `plugin_dir` loaded and instantiated one by one ([`plugins`]), and the whole
 //! configuration loaded, validated and run on a built-in sample history ([`check`]).
 //! These return data; the binaries render it.
+//!
+//! Both look at every library, so each is loaded in a child process ([`Prober`]): a
+//! library that crashes, exits or hangs while it loads is reported as not loading, and
+//! the caller carries on. Only the chain `check` runs is loaded in this process, once its
+//! libraries have loaded in a child.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::chain::{instantiate_library, stateless_context, Chain};
+use crate::chain::{stateless_context, Chain};
 use crate::config::{Config, OnPluginError, Place};
-use crate::loader::{library_files, plugin_stem, Catalog, DiscoveryError, PluginLibrary};
+use crate::loader::{plugin_stem, Catalog, DiscoveryError};
+use crate::probe::Prober;
 use crate::{turns, Call};
 
 /// One library file of `plugin_dir` (or a chain plugin with no library), as `plugins`
 /// shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LibraryStatus {
-    /// The exported name, or for a library that does not load, the name its file suggests.
+    /// The exported name, or for a library that does not load, the name its file gives.
     pub name: String,
     pub version: Option<String>,
     pub file: Option<PathBuf>,
+    /// Available: the library loads and exports the name its file gives (its
+    /// configuration may still be refused).
+    pub available: bool,
     /// The library loads and its `new` accepts its `[plugin.NAME]` table.
     pub loads: bool,
     /// Why not, in one line.
     pub reason: Option<String>,
-    /// In the chain.
+    /// The plugin's `new` refused its table (the error, naming the key and its line).
+    pub config_error: Option<String>,
+    /// In the chain or the view.
     pub enabled: bool,
     /// Where it runs, when it is in the chain or the view.
     pub position: Option<Place>,
     pub summary: Option<String>,
 }
 
-/// Every library in `plugin_dir`, loaded one by one (two libraries exporting one name both
-/// show the conflict), each instantiated with its table; plus chain plugins with no library.
-pub fn plugins(config: &Config) -> Result<Vec<LibraryStatus>, DiscoveryError> {
+impl LibraryStatus {
+    /// The plugin this entry stands for in the configuration: the name its file gives.
+    fn configured_as(&self) -> &str {
+        self.file.as_deref().and_then(plugin_stem).unwrap_or(&self.name)
+    }
+}
+
+/// Every library in `plugin_dir`, each loaded in a child process run by `prober` and
+/// instantiated there with its table; plus chain plugins with no library. Nothing is
+/// mapped in this process.
+pub fn plugins(config: &Config, prober: &Prober) -> Result<Vec<LibraryStatus>, DiscoveryError> {
+    let catalog = Catalog::discover(&config.plugin_dir)?;
+    Ok(statuses(config, &catalog, prober))
+}
+
+fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryStatus> {
+    let position = |name: &str| config.place_of(name);
+    // Files refused at discovery are not probed: nothing of them is ever mapped.
+    let to_probe: Vec<&Path> = catalog
+        .files()
+        .iter()
+        .filter(|file| file.refusal().is_none())
+        .map(|file| file.target.as_path())
+        .collect();
+    let mut probed = prober.probe_all(&to_probe, Some(&config.file)).into_iter();
     let mut statuses: Vec<LibraryStatus> = Vec::new();
-    let mut loaded: Vec<PluginLibrary> = Vec::new();
-    for path in library_files(&config.plugin_dir)? {
-        let guessed = plugin_stem(&path).unwrap_or_default().to_string();
-        let position = |name: &str| config.place_of(name);
-        match PluginLibrary::load(&path) {
+    for file in catalog.files() {
+        let mut status = LibraryStatus {
+            name: file.name.clone(),
+            version: None,
+            file: Some(file.path.clone()),
+            available: false,
+            loads: false,
+            reason: None,
+            config_error: None,
+            enabled: position(&file.name).is_some(),
+            position: position(&file.name),
+            summary: None,
+        };
+        let result = match file.refusal() {
+            Some(refusal) => Err(refusal.clone()),
+            None => probed.next().expect("one probe per file"),
+        };
+        match result {
             Ok(library) => {
-                let mut status = LibraryStatus {
-                    name: library.name.clone(),
-                    version: Some(library.version.clone()),
-                    file: Some(path.clone()),
-                    loads: true,
-                    reason: None,
-                    enabled: position(&library.name).is_some(),
-                    position: position(&library.name),
-                    summary: Some(library.description.summary.to_string()),
-                };
-                if let Some(other) = loaded.iter().find(|l| l.name == library.name) {
-                    let reason = format!(
-                        "two libraries export the name \"{}\": {} and {} (remove one)",
-                        library.name,
-                        other.path.display(),
-                        path.display()
-                    );
-                    for earlier in statuses.iter_mut().filter(|s| s.name == library.name) {
-                        earlier.loads = false;
-                        earlier.reason = Some(reason.clone());
+                status.version = Some(library.version.clone());
+                match catalog.name_conflict(file, &library.name) {
+                    Some(conflict) => status.reason = Some(conflict),
+                    None => {
+                        status.available = true;
+                        status.summary = Some(library.summary.clone());
+                        status.loads = library.config_error.is_none();
+                        status.reason = library
+                            .config_error
+                            .as_ref()
+                            .map(|err| format!("its configuration is refused: {err}"));
+                        status.config_error = library.config_error;
                     }
-                    status.loads = false;
-                    status.reason = Some(reason);
-                } else if let Err(err) = instantiate_library(config, &library) {
-                    status.loads = false;
-                    status.reason = Some(format!("its configuration is refused: {err}"));
                 }
-                statuses.push(status);
-                loaded.push(library);
+                status.name = library.name;
             }
-            Err(refusal) => statuses.push(LibraryStatus {
-                position: position(&guessed),
-                enabled: position(&guessed).is_some(),
-                name: guessed,
-                version: None,
-                file: Some(path),
-                loads: false,
-                reason: Some(refusal.reason),
-                summary: None,
-            }),
+            Err(refusal) => status.reason = Some(refusal.reason),
         }
+        statuses.push(status);
     }
     for name in config.chain.iter().chain(&config.view) {
-        if !statuses.iter().any(|s| &s.name == name) {
+        if !statuses.iter().any(|s| s.configured_as() == name) {
             statuses.push(LibraryStatus {
                 name: name.clone(),
                 version: None,
                 file: None,
+                available: false,
                 loads: false,
                 reason: Some(format!(
                     "in the chain but no library in {} exports it",
                     config.plugin_dir.display()
                 )),
+                config_error: None,
                 enabled: true,
                 position: config.place_of(name),
                 summary: None,
             });
         }
     }
-    Ok(statuses)
+    statuses
 }
 
 /// The history `check` runs the chain on: a system prompt, a task, a tool call with its
@@ -167,10 +193,12 @@ impl CheckReport {
     }
 }
 
-/// `check`: loads the configuration and the plugins, validates every plugin's table
-/// through its own `new`, builds the chain and runs it on [`SAMPLE_HISTORY`] once per
-/// model (every listed model and `default`), reporting every plugin's fault.
-pub fn check(config_file: &std::path::Path) -> CheckReport {
+/// `check`: loads the configuration, loads every library in a child process run by
+/// `prober` (a library that does not load is a warning unless the configuration names
+/// it), validates every named plugin's table through its own `new`, then builds the chain
+/// here and runs it on [`SAMPLE_HISTORY`] once per model (every listed model and
+/// `default`), reporting every plugin's fault.
+pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
     let mut report = CheckReport {
         config: config_file.to_path_buf(),
         ..CheckReport::default()
@@ -189,12 +217,7 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
             return report;
         }
     };
-    for refusal in &catalog.refused {
-        let used = plugin_stem(&refusal.path).is_some_and(|n| config.place_of(n).is_some());
-        if !used {
-            report.warnings.push(refusal.to_string());
-        }
-    }
+    let statuses = statuses(&config, &catalog, prober);
     let mut names: Vec<(String, Option<Place>)> = config
         .chain
         .iter()
@@ -206,6 +229,28 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
             names.push((table.name.clone(), None));
         }
     }
+    for status in statuses.iter().filter(|s| !s.available) {
+        let (Some(file), Some(reason)) = (&status.file, &status.reason) else {
+            continue;
+        };
+        if !names.iter().any(|(n, _)| n == status.configured_as()) {
+            report
+                .warnings
+                .push(format!("refused plugin library {}: {reason}", file.display()));
+        }
+    }
+    let available = {
+        let names: Vec<&str> = statuses
+            .iter()
+            .filter(|s| s.available)
+            .map(LibraryStatus::configured_as)
+            .collect();
+        if names.is_empty() {
+            "none; build and install plugins with `cargo xtask build`".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
     for (name, position) in names {
         let mut entry = PluginCheck {
             name: name.clone(),
@@ -214,32 +259,47 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
             ok: true,
             problem: None,
         };
-        match catalog.plugins.get(&name) {
-            Some(library) => {
-                entry.version = Some(library.version.clone());
-                if let Err(err) = instantiate_library(&config, library) {
+        let status = statuses
+            .iter()
+            .find(|s| s.file.is_some() && s.configured_as() == name);
+        match status {
+            Some(status) if status.available => {
+                entry.version = status.version.clone();
+                if let Some(err) = &status.config_error {
                     entry.ok = false;
-                    entry.problem = Some(err.to_string());
+                    entry.problem = Some(err.clone());
                 }
+            }
+            Some(status) if position.is_none() => {
+                report.warnings.push(format!(
+                    "{}: [plugin.{name}] names a plugin that cannot be loaded: refused plugin library {}: {}",
+                    config.file.display(),
+                    status.file.as_deref().unwrap_or(Path::new("")).display(),
+                    status.reason.as_deref().unwrap_or("unknown reason")
+                ));
+                continue;
+            }
+            Some(status) => {
+                entry.ok = false;
+                entry.problem = Some(format!(
+                    "cannot be loaded: refused plugin library {}: {}",
+                    status.file.as_deref().unwrap_or(Path::new("")).display(),
+                    status.reason.as_deref().unwrap_or("unknown reason")
+                ));
             }
             None if position.is_none() => {
                 report.warnings.push(format!(
-                    "{}: [plugin.{name}] names no available plugin (available: {})",
+                    "{}: [plugin.{name}] names no available plugin (available: {available})",
                     config.file.display(),
-                    catalog.available_names()
                 ));
                 continue;
             }
             None => {
                 entry.ok = false;
-                entry.problem = Some(match catalog.refusal_for(&name) {
-                    Some(refusal) => format!("cannot be loaded: {refusal}"),
-                    None => format!(
-                        "not available in {} (available: {})",
-                        config.plugin_dir.display(),
-                        catalog.available_names()
-                    ),
-                });
+                entry.problem = Some(format!(
+                    "not available in {} (available: {available})",
+                    config.plugin_dir.display(),
+                ));
             }
         }
         if let Some(problem) = &entry.problem {
@@ -250,6 +310,7 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
     if !report.problems.is_empty() {
         return report;
     }
+    // Every library the chain maps here has loaded in a child first.
     let mut chain = match Chain::load(&config, &catalog) {
         Ok(chain) => chain,
         Err(err) => {

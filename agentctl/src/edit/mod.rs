@@ -10,16 +10,17 @@
 //! Every edit is validated before anything is written, by the rules the host applies at
 //! load: the edited text is re-parsed by [`Config::parse`], the chain's plugins must be
 //! in the [`Catalog`], and [`Chain::load`] instantiates the chain so every plugin validates
-//! its own table. Then [`crate::write`] replaces the file atomically. A refusal or a crash
-//! never leaves a changed or half-written file.
+//! its own table (only the libraries the configuration names are mapped, each loaded in a
+//! child process first when [`run`] is given a prober). Then [`crate::write`] replaces the
+//! file atomically. A refusal or a crash never leaves a changed or half-written file.
 
 mod array;
 mod layout;
 
 use std::path::{Path, PathBuf};
 
+use history_engine::{Catalog, Chain, Config, Prober, Unavailable};
 use plugin_api::naming::is_plugin_name;
-use history_engine::{Catalog, Chain, Config};
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
 
 use crate::write::{write_atomic, EditLock};
@@ -83,8 +84,15 @@ pub struct Outcome {
 
 /// Reads `file`, applies `edit`, validates the result as the host would load it, and
 /// writes it atomically ([`write_atomic`]; `before_rename` runs just before the rename, see
-/// there). Any refusal leaves the file as it was.
-pub fn run(file: &Path, edit: &Edit, before_rename: &dyn Fn()) -> Result<Outcome, Refused> {
+/// there). Any refusal leaves the file as it was. With a `prober`, every library the
+/// validation maps is first loaded in a child process, so one that crashes while it loads
+/// is a refusal, not the end of the caller.
+pub fn run(
+    file: &Path,
+    edit: &Edit,
+    prober: Option<Prober>,
+    before_rename: &dyn Fn(),
+) -> Result<Outcome, Refused> {
     // One agentctl edits a file at a time: no edit is lost to another's read-modify-write.
     let _lock = EditLock::acquire(file)?;
     let source = std::fs::read_to_string(file).map_err(|err| {
@@ -94,8 +102,11 @@ pub fn run(file: &Path, edit: &Edit, before_rename: &dyn Fn()) -> Result<Outcome
         ))
     })?;
     let config = Config::parse(file, source.clone()).map_err(|err| Refused(err.to_string()))?;
-    let catalog =
+    let mut catalog =
         Catalog::discover(&config.plugin_dir).map_err(|err| Refused(format!("{}: {err}", file.display())))?;
+    if let Some(prober) = prober {
+        catalog = catalog.probed(prober);
+    }
     let planned = apply(file, &source, edit, Some(&catalog))?;
     if planned.text == source {
         return Ok(Outcome {
@@ -375,17 +386,17 @@ fn check_name(name: &str) -> Result<(), Refused> {
 }
 
 fn check_available(name: &str, config: &Config, catalog: &Catalog) -> Result<(), Refused> {
-    if catalog.plugins.contains_key(name) {
-        return Ok(());
+    match catalog.library(name) {
+        Ok(_) => Ok(()),
+        Err(Unavailable::Refused(refusal)) => {
+            Err(Refused(format!("plugin \"{name}\" cannot be loaded: {refusal}")))
+        }
+        Err(Unavailable::Missing) => Err(Refused(format!(
+            "unknown plugin \"{name}\": no library in {} exports it (available: {})",
+            config.plugin_dir.display(),
+            catalog.available_names()
+        ))),
     }
-    if let Some(refusal) = catalog.refusal_for(name) {
-        return Err(Refused(format!("plugin \"{name}\" cannot be loaded: {refusal}")));
-    }
-    Err(Refused(format!(
-        "unknown plugin \"{name}\": no library in {} exports it (available: {})",
-        config.plugin_dir.display(),
-        catalog.available_names()
-    )))
 }
 
 fn check_at_least_one(n: u64, command: &str, key: &str) -> Result<(), Refused> {

@@ -748,19 +748,28 @@ fn plugins_shows_two_libraries_exporting_one_name() {
         .filter(|p| p["name"] == "fixture_a")
         .collect();
     assert_eq!(clashing.len(), 2, "{value}");
-    for plugin in clashing {
-        assert_eq!(plugin["loads"], false);
-        let reason = plugin["reason"].as_str().unwrap();
-        assert!(
-            reason.contains("two libraries export the name \"fixture_a\""),
-            "{reason}"
-        );
-    }
-    // The edit commands refuse as the host would: discovery itself fails.
-    op.refused(
-        &["max-users", "5"],
-        "two plugin libraries export the name \"fixture_a\"",
+    // The file named for fixture_a is fixture_a; the copy, named for fixture_copy, is the
+    // one at fault, and its reason names both files.
+    let both = format!(
+        "two plugin libraries export the name \"fixture_a\": {} and {}",
+        dir.path().join(library_file("fixture_a")).display(),
+        dir.path().join(library_file("fixture_copy")).display()
     );
+    for plugin in clashing {
+        let file = plugin["file"].as_str().unwrap();
+        if file.ends_with(&library_file("fixture_a")) {
+            assert_eq!(plugin["loads"], true, "{plugin}");
+        } else {
+            assert!(file.ends_with(&library_file("fixture_copy")), "{plugin}");
+            assert_eq!(plugin["loads"], false);
+            let reason = plugin["reason"].as_str().unwrap();
+            assert!(reason.contains(&both), "{reason}");
+        }
+    }
+    // The host maps only what the configuration names: enabling the copy is refused,
+    // naming both files; while it is not named, edits go through.
+    op.refused(&["history-chain-add", "fixture_copy"], &both);
+    op.edit(&["max-users", "5"]);
 }
 
 #[test]

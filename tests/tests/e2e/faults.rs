@@ -3,7 +3,8 @@
 //! built by the test, loaded by the real host.
 
 use e2e_tests::fixtures::{fixture_library, plugin_built_against_changed_api, plugin_dir_with, ApiChange};
-use e2e_tests::{describe, json, TestConfig};
+use e2e_tests::{agentctl, describe, json, TestConfig};
+use history_engine::plugin_stem;
 
 const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
     {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"search","arguments":"{}"}}]},
@@ -81,11 +82,17 @@ fn an_invalid_output_is_named_by_the_check() {
     );
 }
 
-fn refusal_line(change: ApiChange) -> (String, TestConfig, tempfile::TempDir) {
+/// The one-line refusal of a plugin built against a changed `plugin-api`. Named by
+/// nothing, it is never loaded and the rest of the chain runs; in the chain it is a loading
+/// error (exit 3) whose one line carries the reason; `agentctl plugins`, which loads every
+/// library in a child process, gives the same reason.
+fn refusal_line(change: ApiChange) -> String {
     let library = plugin_built_against_changed_api(change);
+    let file_name = library.file_name().unwrap().to_string_lossy().to_string();
+    let name = plugin_stem(&library).unwrap();
     let dir = plugin_dir_with(&[&library]);
-    let config = config(r#"["default"]"#, "fail", dir.path());
-    let output = config.process(&[], HISTORY);
+    let unnamed = config(r#"["default"]"#, "fail", dir.path());
+    let output = unnamed.process(&[], HISTORY);
     assert!(
         output.status.success(),
         "the rest of the chain still loads: {}",
@@ -93,21 +100,43 @@ fn refusal_line(change: ApiChange) -> (String, TestConfig, tempfile::TempDir) {
     );
     assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(HISTORY));
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-    let refusals: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("refused plugin library"))
-        .collect();
-    assert_eq!(refusals.len(), 1, "one line: {stderr}");
+    assert!(!stderr.contains(&file_name), "never loaded: {stderr}");
+
+    let named = config(&format!(r#"["default", "{name}"]"#), "fail", dir.path());
+    let output = named.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    let line = stderr.trim_end().to_string();
     assert!(
-        refusals[0].contains(&library.file_name().unwrap().to_string_lossy().to_string()),
-        "{stderr}"
+        line.contains(&format!(
+            "\"{name}\" in the chain cannot be loaded: refused plugin library"
+        )) && line.contains(&file_name),
+        "{line}"
     );
-    (refusals[0].to_string(), config, dir)
+
+    let listed = agentctl(&unnamed.path, &["plugins", "--json"], &[]);
+    assert!(listed.status.success(), "{}", describe(&listed));
+    let value = json(&String::from_utf8_lossy(&listed.stdout));
+    let entry = value["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["file"].as_str().unwrap().ends_with(&file_name))
+        .unwrap_or_else(|| panic!("{value}"))
+        .clone();
+    assert_eq!(entry["loads"], false, "{entry}");
+    assert!(
+        line.ends_with(entry["reason"].as_str().unwrap()),
+        "{line}\n{entry}"
+    );
+    line
 }
 
 #[test]
 fn a_plugin_with_another_layout_is_refused_in_one_line() {
-    let (line, config, _dir) = refusal_line(ApiChange::Layout);
+    let line = refusal_line(ApiChange::Layout);
     assert!(
         line.contains("plugin-api 0.1.0 (plugin) vs 0.1.0 (host)"),
         "{line}"
@@ -117,31 +146,11 @@ fn a_plugin_with_another_layout_is_refused_in_one_line() {
         "{line}"
     );
     assert!(line.len() < 400, "one short line, not a layout dump: {line}");
-
-    // Enabling it is a loading error (exit 3) that carries the same reason.
-    let text = std::fs::read_to_string(&config.path).unwrap();
-    std::fs::write(
-        &config.path,
-        text.replace(r#"["default"]"#, r#"["default", "changed_layout"]"#),
-    )
-    .unwrap();
-    let output = config.process(&[], HISTORY);
-    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
-    assert!(output.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr
-            .lines()
-            .last()
-            .unwrap()
-            .contains("\"changed_layout\" in the chain cannot be loaded"),
-        "{stderr}"
-    );
 }
 
 #[test]
 fn a_plugin_built_against_another_minor_version_is_refused_in_one_line() {
-    let (line, _config, _dir) = refusal_line(ApiChange::Version);
+    let line = refusal_line(ApiChange::Version);
     assert!(
         line.contains("plugin-api 0.2.0 (plugin) vs 0.1.0 (host)"),
         "{line}"

@@ -13,6 +13,7 @@ mod default_plugin;
 mod expand_explain;
 mod faults;
 mod full_chain;
+mod hardening_load;
 mod process_cli;
 mod properties;
 mod retention;

@@ -33,9 +33,8 @@ impl Plugin {
     pub fn load(name: &str, config_json: &str) -> Plugin {
         let catalog = Catalog::discover(&e2e_tests::plugin_dir()).unwrap();
         let library = catalog
-            .plugins
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} is not installed"));
+            .library(name)
+            .unwrap_or_else(|_| panic!("{name} is not installed"));
         let load = LoadContext {
             config_json: config_json.into(),
             agent_max_ctx: 200,
