@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use history_engine::selfcheck::{CheckReport, LibraryStatus};
-use history_engine::{Catalog, Config, DiscoveryError, PluginLibrary};
+use history_engine::{echo, Catalog, Config, DiscoveryError, PluginLibrary};
 use serde_json::{json, Value};
 
 /// `history-list`: the chain in order with each plugin's summary, the settings, the
@@ -45,7 +45,7 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
         for (position, name) in names.iter().enumerate() {
             let (summary, problem) = describe(name);
             let shown = match (&summary, &problem) {
-                (Some(summary), _) => summary.clone(),
+                (Some(summary), _) => echo::text(summary),
                 (None, Some(problem)) => format!("(!) {problem}"),
                 (None, None) => String::new(),
             };
@@ -85,7 +85,7 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
         let _ = writeln!(
             text,
             "  {:<width$}  effective_ctx {:>4}  (max_context {}, context_tokens {}, tokenizer {}){}",
-            model.name.as_str(),
+            echo::bare(&model.name),
             model.effective_ctx,
             model.max_context,
             model.context_tokens,
@@ -125,7 +125,7 @@ pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) 
                         text,
                         "  {:<width$}  {}",
                         library.name,
-                        library.description.summary.as_str()
+                        echo::text(&library.description.summary)
                     );
                     available_json.push(json!({
                         "name": library.name,
@@ -243,7 +243,10 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
         let _ = writeln!(
             text,
             "sample run, model {} (effective_ctx {}): {} -> {} messages",
-            run.model, run.effective_ctx, run.messages_in, run.messages_out
+            echo::bare(&run.model),
+            run.effective_ctx,
+            run.messages_in,
+            run.messages_out
         );
         let width = run.stages.iter().map(|s| s.plugin.len()).max().unwrap_or(0);
         for stage in &run.stages {

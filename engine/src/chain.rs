@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use plugin_api::echo;
 use plugin_api::structure::Faults;
 use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
@@ -336,7 +337,8 @@ impl Stage {
         };
         match result {
             RResult::ROk(output) => Ok(output),
-            RResult::RErr(message) => Err(message.into()),
+            // The plugin's own words: escaped and cut, so they stay one line.
+            RResult::RErr(message) => Err(echo::text(&message)),
         }
     }
 }
@@ -395,9 +397,9 @@ pub(crate) fn instantiate_library(
         let place = if err.key.is_empty() {
             format!("[plugin.{name}]")
         } else {
-            format!("[plugin.{name}] {}", err.key)
+            format!("[plugin.{name}] {}", echo::bare(&err.key))
         };
-        config.error(line, format!("{place}: {}", err.message))
+        config.error(line, format!("{place}: {}", echo::text(&err.message)))
     })
 }
 
@@ -408,10 +410,10 @@ fn log_events(plugin: &str, events: &[Event]) {
             event = event.kind.as_str(),
             turn = event.turn,
             index = ?event.index.into_option(),
-            id = ?event.id.as_ref().into_option().map(|s| s.as_str()),
+            id = ?event.id.as_ref().into_option().map(|s| echo::bare(s)),
             tokens_saved = ?event.tokens_saved.into_option(),
             "{}",
-            event.reason
+            echo::text(&event.reason)
         );
     }
 }

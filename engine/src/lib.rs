@@ -35,6 +35,8 @@ pub use config::{Config, ConfigError, OnPluginError};
 pub use loader::{
     host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, PluginLibrary, Refusal,
 };
+/// Echoing user- and plugin-supplied text in error and log lines: escaped, cut.
+pub use plugin_api::echo;
 
 /// Loads the configuration, discovers the plugins and builds the chain: what every
 /// command that runs the chain does first. Errors are configuration or loading errors.

@@ -268,8 +268,8 @@ impl Catalog {
                 Ok(library) => {
                     if let Some(other) = catalog.plugins.get(&library.name) {
                         return Err(DiscoveryError(format!(
-                            "two plugin libraries export the name \"{}\": {} and {}",
-                            library.name,
+                            "two plugin libraries export the name {}: {} and {}",
+                            plugin_api::echo::quoted(&library.name),
                             other.path.display(),
                             path.display()
                         )));

@@ -51,8 +51,8 @@ pub fn plugins(config: &Config) -> Result<Vec<LibraryStatus>, DiscoveryError> {
                 };
                 if let Some(other) = loaded.iter().find(|l| l.name == library.name) {
                     let reason = format!(
-                        "two libraries export the name \"{}\": {} and {} (remove one)",
-                        library.name,
+                        "two libraries export the name {}: {} and {} (remove one)",
+                        plugin_api::echo::quoted(&library.name),
                         other.path.display(),
                         path.display()
                     );
@@ -291,8 +291,9 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
                 for stage in &stages {
                     if let Some(fault) = &stage.fault {
                         report.problems.push(format!(
-                            "plugin \"{}\" faulted on the sample history (model {name}): {fault}",
-                            stage.plugin
+                            "plugin \"{}\" faulted on the sample history (model {}): {fault}",
+                            stage.plugin,
+                            plugin_api::echo::bare(&name)
                         ));
                     }
                 }
@@ -304,7 +305,9 @@ pub fn check(config_file: &std::path::Path) -> CheckReport {
                     stages,
                 });
             }
-            Err(failure) => report.problems.push(format!("model {name}: {failure}")),
+            Err(failure) => report
+                .problems
+                .push(format!("model {}: {failure}", plugin_api::echo::bare(&name))),
         }
     }
     report

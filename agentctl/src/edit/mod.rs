@@ -18,8 +18,8 @@ mod layout;
 
 use std::path::{Path, PathBuf};
 
-use plugin_api::naming::is_plugin_name;
 use history_engine::{Catalog, Chain, Config};
+use plugin_api::naming::is_plugin_name;
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
 
 use crate::write::{write_atomic, EditLock};
@@ -369,7 +369,8 @@ fn check_name(name: &str) -> Result<(), Refused> {
         Ok(())
     } else {
         Err(Refused(format!(
-            "\"{name}\" is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths"
+            "{} is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths",
+            history_engine::echo::quoted(name)
         )))
     }
 }
