@@ -116,18 +116,27 @@ impl Chain {
     pub fn load(config: &Config, catalog: &Catalog) -> Result<Chain, ConfigError> {
         let stages = load_stages(config, catalog, "chain", &config.chain)?;
         let view = load_stages(config, catalog, "view", &config.view)?;
+        // Warnings wait until nothing can fail: a refusal gets one line, never a warning
+        // and then the error that carries it.
+        let mut warnings = Vec::new();
         for table in &config.plugins {
             if config.chain.contains(&table.name) || config.view.contains(&table.name) {
                 continue;
             }
             if instantiate(config, catalog, &table.name)?.is_none() {
-                tracing::warn!(
+                warnings.push(format!(
                     "{}: [plugin.{}] names no available plugin (available: {})",
                     config.file.display(),
                     table.name,
                     catalog.available_names()
-                );
+                ));
             }
+        }
+        for refusal in &catalog.refused {
+            warnings.push(refusal.to_string());
+        }
+        for warning in warnings {
+            tracing::warn!("{}", echo::line(&warning));
         }
         Ok(Chain {
             stages,

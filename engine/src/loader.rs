@@ -277,7 +277,8 @@ impl Catalog {
                     catalog.plugins.insert(library.name.clone(), library);
                 }
                 Err(refusal) => {
-                    tracing::warn!("{refusal}");
+                    // The refusal itself is reported once, by whoever needs the library
+                    // (an error) or by `Chain::load` (a warning), not here as well.
                     if let Some(detail) = &refusal.detail {
                         tracing::debug!("{}: {detail}", refusal.path.display());
                     }
