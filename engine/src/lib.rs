@@ -13,7 +13,9 @@
 //! - [`expand`]: restoring a compacted or omitted message's original content;
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
 //!   `agentctl check` reports;
-//! - [`logging`]: the callback plugins log through.
+//! - [`logging`]: the callback plugins log through;
+//! - [`output`]: the binaries' stdout kept from plugins, write failures and exits a
+//!   plugin makes turned into failures, one-line errors.
 //!
 //! `ARCHITECTURE.md` at the workspace root shows how a turn flows through these.
 
@@ -25,6 +27,7 @@ pub mod expand;
 mod loader;
 pub mod logging;
 mod o200k;
+pub mod output;
 pub mod selfcheck;
 pub mod summary;
 pub mod tokens;

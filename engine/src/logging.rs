@@ -47,6 +47,6 @@ pub fn one_line_panics(program: &'static str) {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        eprintln!("{program}: internal error: {message}");
+        crate::output::error_line(program, &format!("internal error: {message}"));
     }));
 }
