@@ -2,17 +2,25 @@
 //!
 //! Edits keep the operator's comments and layout, are validated by the host's own rules
 //! (the same parser, the plugins' own config validation) before anything is written, and
-//! are written atomically. Exit status: 0 done (or all is well, for `check`); 1 refused,
-//! or `check` found a problem, with one line on stderr saying what and why, the file
-//! untouched; 2 a usage error.
+//! are written atomically. Exit status: 0 done (or all is well, for `check`; also when
+//! the reader closed the pipe early); 1 refused, or `check` found a problem, with one line
+//! on stderr saying what and why, the file untouched; 5 the report cannot be written; 6 a
+//! plugin ended the process before agentctl was done; 64 a usage error.
+//!
+//! Reports go to stdout through [`Output`], never through fd 1 directly: fd 1 points at
+//! stderr while plugins run, so a plugin's `println!` cannot corrupt `--json`.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use agentctl::edit::{self, Edit};
 use agentctl::report;
 use clap::{Parser, Subcommand};
-use history_engine::{logging, probe, selfcheck, Config, Prober};
+use history_engine::output::{error_line, ExitGuard, Output, USAGE_STATUS, WRITE_FAILED_STATUS};
+use history_engine::{echo, logging, probe, selfcheck, Config, Prober};
+
+const PROGRAM: &str = "agentctl";
 
 #[derive(Parser)]
 #[command(
@@ -79,8 +87,8 @@ enum Command {
     /// Load the chain, validate every plugin's config, run the chain on a sample history.
     Check,
     /// Internal: load one plugin library in this process and print what it is as one JSON
-    /// line. `plugins`, `check` and `history-list` run it per library, so a library that
-    /// crashes while it loads ends this child, not them.
+    /// line. `plugins`, `check`, `history-list` and the edits run it per library, so a
+    /// library that crashes while it loads ends this child, not them.
     #[command(name = PROBE_COMMAND, hide = true)]
     ProbeLibrary {
         library: PathBuf,
@@ -89,65 +97,103 @@ enum Command {
     },
 }
 
+/// A failure: one line for stderr, and the exit status.
+struct Failure {
+    status: u8,
+    message: String,
+}
+
+/// A refusal (status 1).
 /// The hidden subcommand that probes one library.
 const PROBE_COMMAND: &str = "__probe-library";
 
 /// Runs this very binary's probe subcommand per library.
 fn prober() -> Result<Prober, Failure> {
     let program = std::env::current_exe().map_err(|err| {
-        Failure(format!(
+        refused(format!(
             "cannot find the agentctl binary to probe plugin libraries: {err}"
         ))
     })?;
     Ok(Prober::new(program, [PROBE_COMMAND]))
 }
 
-/// A failure: one line for stderr.
-struct Failure(String);
+fn refused(message: String) -> Failure {
+    Failure { status: 1, message }
+}
 
 fn main() -> ExitCode {
-    logging::one_line_panics("agentctl");
-    init_logging();
-    let cli = Cli::parse();
-    let json = cli.json;
-    let result = match cli.command {
-        Command::ProbeLibrary { library, config_file } => {
-            return probe::answer(&library, config_file.as_deref());
-        }
-        Command::HistoryList => history_list(&cli.config, json),
-        Command::Plugins => plugins(&cli.config, json),
-        Command::Check => check(&cli.config, json),
-        Command::HistoryChainAdd { name, at, view } => at
-            .map(|at| number(&at, "history-chain-add --at POS"))
-            .transpose()
-            .and_then(|at| {
-                let at = at.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-                run_edit(&cli.config, Edit::ChainAdd { name, at, view }, json)
-            }),
-        Command::HistoryChainRemove { name } => run_edit(&cli.config, Edit::ChainRemove { name }, json),
-        Command::HistoryChainMove { name, position } => {
-            number(&position, "history-chain-move POS").and_then(|to| {
-                let to = usize::try_from(to).unwrap_or(usize::MAX);
-                run_edit(&cli.config, Edit::ChainMove { name, to }, json)
-            })
-        }
-        Command::HistoryMaxctx { n } => {
-            number(&n, "history-maxctx N").and_then(|n| run_edit(&cli.config, Edit::MaxCtx(n), json))
-        }
-        Command::MaxUsers { n } => {
-            number(&n, "max-users N").and_then(|n| run_edit(&cli.config, Edit::MaxUsers(n), json))
-        }
-        Command::SessionTimeout { minutes } => number(&minutes, "session-timeout MINUTES")
-            .and_then(|m| run_edit(&cli.config, Edit::SessionTimeout(m), json)),
+    logging::one_line_panics(PROGRAM);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage(err),
     };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(Failure(message)) => {
-            eprintln!("agentctl: {message}");
-            ExitCode::FAILURE
-        }
+    // A probe child answers on its own stdout, before anything else is set up: the parent
+    // reads that one line (and survives whatever the library does while it loads).
+    if let Command::ProbeLibrary { library, config_file } = &cli.command {
+        return probe::answer(library, config_file.as_deref());
     }
+    let mut out = Output::take_stdout();
+    // `check` and every edit load plugins, whose code can exit too.
+    let guard = ExitGuard::arm(PROGRAM);
+    init_logging();
+    let result = catch_unwind(AssertUnwindSafe(|| run(cli, &mut out, &guard)));
+    guard.disarm();
+    match result {
+        Ok(Ok(true)) => ExitCode::SUCCESS,
+        Ok(Ok(false)) => ExitCode::FAILURE,
+        Ok(Err(failure)) => {
+            error_line(PROGRAM, &failure.message);
+            ExitCode::from(failure.status)
+        }
+        // A bug: the panic hook has written its one line.
+        Err(_) => ExitCode::from(101),
+    }
+}
+
+/// A command-line error: clap's message and status 64 (`--help` and `--version`: their
+/// text on stdout, status 0).
+fn usage(err: clap::Error) -> ExitCode {
+    if err.use_stderr() {
+        let _ = err.print();
+        return ExitCode::from(USAGE_STATUS);
+    }
+    match err.print() {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            error_line(PROGRAM, &format!("cannot write output: {err}"));
+            ExitCode::from(WRITE_FAILED_STATUS)
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// Runs the command: `Ok(false)` when `check` found a problem.
+fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
+    let (file, json) = (cli.config.as_path(), cli.json);
+    let position = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let edit = match cli.command {
+        Command::HistoryList => return history_list(out, file, json),
+        Command::Plugins => return plugins(out, file, json),
+        Command::Check => return check(out, file, json),
+        Command::ProbeLibrary { .. } => unreachable!("answered before anything else runs"),
+        Command::HistoryChainAdd { name, at, view } => {
+            let at = at
+                .map(|at| number(&at, "history-chain-add --at POS"))
+                .transpose()?
+                .map(position);
+            Edit::ChainAdd { name, at, view }
+        }
+        Command::HistoryChainRemove { name } => Edit::ChainRemove { name },
+        Command::HistoryChainMove { name, position: to } => Edit::ChainMove {
+            name,
+            to: position(number(&to, "history-chain-move POS")?),
+        },
+        Command::HistoryMaxctx { n } => Edit::MaxCtx(number(&n, "history-maxctx N")?),
+        Command::MaxUsers { n } => Edit::MaxUsers(number(&n, "max-users N")?),
+        Command::SessionTimeout { minutes } => {
+            Edit::SessionTimeout(number(&minutes, "session-timeout MINUTES")?)
+        }
+    };
+    run_edit(out, file, edit, json, &|| fault_hook(guard))
 }
 
 /// Logs to stderr; `HISTORY_LOG` sets the filter (default `error`: agentctl's reports and
@@ -171,87 +217,132 @@ const FAULT_ENV: &str = "AGENTCTL_FAULT";
 /// The exit status of a process stopped by the fault hook.
 const FAULT_EXIT_STATUS: i32 = 70;
 
-fn fault_hook() {
+fn fault_hook(guard: &ExitGuard) {
     if std::env::var(FAULT_ENV).is_ok_and(|v| v == "after-write") {
-        eprintln!(
-            "agentctl: {FAULT_ENV}=after-write: stopping before the rename (the configuration is unchanged)"
+        error_line(
+            PROGRAM,
+            &format!("{FAULT_ENV}=after-write: stopping before the rename (the configuration is unchanged)"),
         );
+        guard.disarm();
         std::process::exit(FAULT_EXIT_STATUS);
     }
 }
 
 /// A whole number argument, with a one-line refusal otherwise.
 fn number(text: &str, what: &str) -> Result<u64, Failure> {
-    text.trim()
-        .parse::<u64>()
-        .map_err(|_| Failure(format!("{what} must be a whole number, got \"{text}\"")))
+    text.trim().parse::<u64>().map_err(|_| {
+        refused(format!(
+            "{what} must be a whole number, got {}",
+            echo::quoted(text)
+        ))
+    })
 }
 
-fn print_json(value: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
-    );
+/// Writes a report: a closed pipe drops it quietly, any other failure is status 5.
+fn print(out: &mut Output, text: &str) -> Result<(), Failure> {
+    out.write_all(text.as_bytes()).map_err(|err| Failure {
+        status: WRITE_FAILED_STATUS,
+        message: format!("cannot write output: {err}"),
+    })
+}
+
+/// A text report, each line with its control characters escaped (a path or a plugin's
+/// words cannot reach the terminal as escape sequences).
+fn print_text(out: &mut Output, text: &str) -> Result<(), Failure> {
+    let mut shown = String::with_capacity(text.len());
+    for line in text.lines() {
+        shown.push_str(&echo::line(line));
+        shown.push('\n');
+    }
+    print(out, &shown)
+}
+
+fn print_json(out: &mut Output, value: &serde_json::Value) -> Result<(), Failure> {
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    text.push('\n');
+    print(out, &text)
 }
 
 fn load_config(file: &Path) -> Result<Config, Failure> {
-    Config::load(file).map_err(|err| Failure(err.to_string()))
+    Config::load(file).map_err(|err| refused(err.to_string()))
 }
 
-fn run_edit(file: &Path, edit: Edit, json: bool) -> Result<bool, Failure> {
+fn run_edit(
+    out: &mut Output,
+    file: &Path,
+    edit: Edit,
+    json: bool,
+    fault_hook: &dyn Fn(),
+) -> Result<bool, Failure> {
     let outcome =
-        edit::run(file, &edit, Some(prober()?), &fault_hook).map_err(|refused| Failure(refused.0))?;
-    if json {
-        print_json(&serde_json::json!({
-            "file": outcome.file.display().to_string(),
-            "summary": outcome.summary,
-            "written": outcome.written,
-        }));
+        edit::run(file, &edit, Some(prober()?), fault_hook).map_err(|refusal| refused(refusal.0))?;
+    let printed = if json {
+        print_json(
+            out,
+            &serde_json::json!({
+                "file": outcome.file.display().to_string(),
+                "summary": outcome.summary,
+                "written": outcome.written,
+            }),
+        )
     } else if outcome.written {
-        println!("{} ({} updated)", outcome.summary, outcome.file.display());
+        print_text(
+            out,
+            &format!("{} ({} updated)\n", outcome.summary, outcome.file.display()),
+        )
     } else {
-        println!("{}", outcome.summary);
-    }
+        print_text(out, &format!("{}\n", outcome.summary))
+    };
+    // The report is lost, the edit is not: say so.
+    printed.map_err(|mut failure| {
+        if outcome.written {
+            failure.message.push_str(" (the edit was written)");
+        }
+        failure
+    })?;
     Ok(true)
 }
 
-fn history_list(file: &Path, json: bool) -> Result<bool, Failure> {
+fn history_list(out: &mut Output, file: &Path, json: bool) -> Result<bool, Failure> {
     let config = load_config(file)?;
     let statuses = selfcheck::plugins(&config, &prober()?);
     let (text, value) = report::history_list(&config, &statuses);
     if json {
-        print_json(&value);
+        print_json(out, &value)?;
     } else {
-        print!("{text}");
+        print_text(out, &text)?;
     }
     Ok(true)
 }
 
-fn plugins(file: &Path, json: bool) -> Result<bool, Failure> {
+fn plugins(out: &mut Output, file: &Path, json: bool) -> Result<bool, Failure> {
     let config = load_config(file)?;
     let statuses = selfcheck::plugins(&config, &prober()?)
-        .map_err(|err| Failure(format!("{}: {err}", file.display())))?;
+        .map_err(|err| refused(format!("{}: {err}", file.display())))?;
     let (text, value) = report::render_plugins(&config, &statuses);
     if json {
-        print_json(&value);
+        print_json(out, &value)?;
     } else {
-        print!("{text}");
+        print_text(out, &text)?;
     }
     Ok(true)
 }
 
-fn check(file: &Path, json: bool) -> Result<bool, Failure> {
+fn check(out: &mut Output, file: &Path, json: bool) -> Result<bool, Failure> {
     let report = selfcheck::check(file, &prober()?);
     let (text, value) = report::render_check(&report);
     if json {
-        print_json(&value);
+        print_json(out, &value)?;
     } else {
-        print!("{text}");
+        print_text(out, &text)?;
     }
     if !report.ok() {
-        eprintln!(
-            "agentctl: check failed: {}",
-            report.problems.first().map(String::as_str).unwrap_or("")
+        error_line(
+            PROGRAM,
+            &format!(
+                "check failed: {}",
+                report.problems.first().map(String::as_str).unwrap_or("")
+            ),
         );
     }
     Ok(report.ok())

@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use history_engine::selfcheck::{CheckReport, LibraryStatus};
-use history_engine::{plugin_stem, Config, DiscoveryError};
+use history_engine::{echo, plugin_stem, Config, DiscoveryError};
 use serde_json::{json, Value};
 
 /// `history-list`: the chain in order with each plugin's summary, the settings, the
@@ -60,7 +60,7 @@ pub fn history_list(
         for (position, name) in names.iter().enumerate() {
             let (summary, problem) = describe(name);
             let shown = match (&summary, &problem) {
-                (Some(summary), _) => summary.clone(),
+                (Some(summary), _) => echo::text(summary),
                 (None, Some(problem)) => format!("(!) {problem}"),
                 (None, None) => String::new(),
             };
@@ -100,7 +100,7 @@ pub fn history_list(
         let _ = writeln!(
             text,
             "  {:<width$}  effective_ctx {:>4}  (max_context {}, context_tokens {}, tokenizer {}){}",
-            model.name.as_str(),
+            echo::bare(&model.name),
             model.effective_ctx,
             model.max_context,
             model.context_tokens,
@@ -133,7 +133,7 @@ pub fn history_list(
                 let _ = writeln!(text, "available, not in the chain:");
                 let width = others.iter().map(|l| l.name.len()).max().unwrap_or(0);
                 for library in others {
-                    let summary = library.summary.as_deref().unwrap_or("");
+                    let summary = echo::text(library.summary.as_deref().unwrap_or(""));
                     let _ = writeln!(text, "  {:<width$}  {summary}", library.name);
                     available_json.push(json!({
                         "name": library.name,
@@ -251,7 +251,10 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
         let _ = writeln!(
             text,
             "sample run, model {} (effective_ctx {}): {} -> {} messages",
-            run.model, run.effective_ctx, run.messages_in, run.messages_out
+            echo::bare(&run.model),
+            run.effective_ctx,
+            run.messages_in,
+            run.messages_out
         );
         let width = run.stages.iter().map(|s| s.plugin.len()).max().unwrap_or(0);
         for stage in &run.stages {

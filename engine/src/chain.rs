@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use plugin_api::echo;
 use plugin_api::structure::Faults;
 use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
@@ -125,29 +126,35 @@ impl Chain {
         catalog.preload(names());
         let stages = load_stages(config, catalog, "chain", &config.chain)?;
         let view = load_stages(config, catalog, "view", &config.view)?;
+        // Warnings wait until nothing can fail: a refusal gets one line, never a warning
+        // and then the error that carries it.
+        let mut warnings = Vec::new();
         for table in &config.plugins {
             if config.place_of(&table.name).is_some() {
                 continue;
             }
             match catalog.library(&table.name) {
                 Ok(library) => drop(instantiate_library(config, library)?),
-                Err(Unavailable::Missing) => tracing::warn!(
+                Err(Unavailable::Missing) => warnings.push(format!(
                     "{}: [plugin.{}] names no available plugin (available: {})",
                     config.file.display(),
                     table.name,
                     catalog.available_names()
-                ),
-                Err(Unavailable::Refused(refusal)) => tracing::warn!(
+                )),
+                Err(Unavailable::Refused(refusal)) => warnings.push(format!(
                     "{}: [plugin.{}] names a plugin that cannot be loaded: {refusal}",
                     config.file.display(),
                     table.name,
-                ),
+                )),
             }
         }
         for file in catalog.files() {
             if let Some(refusal) = file.refusal().filter(|_| !names().any(|n| n == file.name)) {
-                tracing::warn!("{refusal}");
+                warnings.push(refusal.to_string());
             }
+        }
+        for warning in warnings {
+            tracing::warn!("{}", echo::line(&warning));
         }
         Ok(Chain {
             stages,
@@ -356,7 +363,8 @@ impl Stage {
         };
         match result {
             RResult::ROk(output) => Ok(output),
-            RResult::RErr(message) => Err(message.into()),
+            // The plugin's own words: escaped and cut, so they stay one line.
+            RResult::RErr(message) => Err(echo::text(&message)),
         }
     }
 }
@@ -409,9 +417,9 @@ pub(crate) fn instantiate_library(
         let place = if err.key.is_empty() {
             format!("[plugin.{name}]")
         } else {
-            format!("[plugin.{name}] {}", err.key)
+            format!("[plugin.{name}] {}", echo::bare(&err.key))
         };
-        config.error(line, format!("{place}: {}", err.message))
+        config.error(line, format!("{place}: {}", echo::text(&err.message)))
     })
 }
 
@@ -422,10 +430,10 @@ fn log_events(plugin: &str, events: &[Event]) {
             event = event.kind.as_str(),
             turn = event.turn,
             index = ?event.index.into_option(),
-            id = ?event.id.as_ref().into_option().map(|s| s.as_str()),
+            id = ?event.id.as_ref().into_option().map(|s| echo::bare(s)),
             tokens_saved = ?event.tokens_saved.into_option(),
             "{}",
-            event.reason
+            echo::text(&event.reason)
         );
     }
 }

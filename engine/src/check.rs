@@ -4,6 +4,7 @@
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use plugin_api::echo;
 use plugin_api::structure::Faults;
 use plugin_api::{Content, Member, Message, Part, RArc, Role};
 
@@ -70,7 +71,8 @@ pub fn check_output(
             let id = message.call_id().unwrap_or("");
             if !call.tool_calls.iter().any(|c| c.id.as_str() == id) {
                 return Err(fault(format!(
-                    "tool result \"{id}\" answers none of the calls of the message it was made from"
+                    "tool result {} answers none of the calls of the message it was made from",
+                    echo::quoted(id)
                 )));
             }
         } else if let Some(role) = origins.get(&message.origin()) {
@@ -117,7 +119,8 @@ pub(crate) fn check_shape(message: &Message) -> Result<(), String> {
         check_members(&call.extra)?;
         check_members(&call.function_extra)?;
         if call.arguments_is_json {
-            valid_json(&call.arguments).map_err(|e| format!("tool call \"{}\": arguments: {e}", call.id))?;
+            valid_json(&call.arguments)
+                .map_err(|e| format!("tool call {}: arguments: {e}", echo::quoted(&call.id)))?;
         }
     }
     if let Some(meta) = message.meta() {
@@ -152,7 +155,7 @@ fn check_content(content: &Content) -> Result<(), String> {
 
 fn check_members(members: &[Member]) -> Result<(), String> {
     for member in members {
-        valid_json(&member.json).map_err(|e| format!("member \"{}\": {e}", member.key))?;
+        valid_json(&member.json).map_err(|e| format!("member {}: {e}", echo::quoted(&member.key)))?;
     }
     Ok(())
 }

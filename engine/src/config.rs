@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plugin_api::echo;
 use plugin_api::naming::is_plugin_name;
 use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
@@ -147,7 +148,11 @@ impl Reader<'_> {
                 return Err(self.key_error(
                     table,
                     key,
-                    format!("unknown key `{key}` in {place} (known: {})", known.join(", ")),
+                    format!(
+                        "unknown key `{}` in {place} (known: {})",
+                        echo::bare(key),
+                        known.join(", ")
+                    ),
                 ));
             }
         }
@@ -196,7 +201,7 @@ impl Reader<'_> {
 
 fn shown(item: &Item) -> String {
     match item {
-        Item::Value(value) => value.to_string().trim().to_string(),
+        Item::Value(value) => echo::bare(value.to_string().trim()),
         Item::Table(_) | Item::ArrayOfTables(_) => "a table".to_string(),
         Item::None => "nothing".to_string(),
     }
@@ -306,7 +311,10 @@ impl Config {
                     return Err(reader.key_error(
                         history,
                         "on_plugin_error",
-                        format!("`on_plugin_error` must be \"skip\" or \"fail\", found \"{other}\""),
+                        format!(
+                            "`on_plugin_error` must be \"skip\" or \"fail\", found {}",
+                            echo::quoted(other)
+                        ),
                     ))
                 }
             };
@@ -315,7 +323,7 @@ impl Config {
         let mut models = Vec::new();
         if let Some(table) = reader.table(root, "models", "the top level")? {
             for (name, _) in table.iter() {
-                let place = format!("[models.{name}]");
+                let place = format!("[models.{}]", echo::bare(name));
                 let Some(model) = reader.table(table, name, "[models]")? else {
                     continue;
                 };
@@ -326,7 +334,10 @@ impl Config {
                         reader.key_error(
                             model,
                             "tokenizer",
-                            format!("`tokenizer` in {place} must be one of o200k_base, cl100k_base, chars4, found \"{t}\""),
+                            format!(
+                                "`tokenizer` in {place} must be one of o200k_base, cl100k_base, chars4, found {}",
+                                echo::quoted(t)
+                            ),
                         )
                     })?),
                 };
@@ -345,7 +356,11 @@ impl Config {
         if let Some(table) = reader.table(root, "plugin", "the top level")? {
             for (name, _) in table.iter() {
                 if !is_plugin_name(name) {
-                    return Err(reader.key_error(table, name, format!("[plugin.{name}]: not a plugin name")));
+                    return Err(reader.key_error(
+                        table,
+                        name,
+                        format!("[plugin.{}]: not a plugin name", echo::bare(name)),
+                    ));
                 }
                 let Some(plugin) = reader.table(table, name, "[plugin]")? else {
                     continue;
@@ -477,12 +492,13 @@ fn parse_plugin_list(
         let Some(name) = value.as_str() else {
             return Err(error(format!(
                 "`{key}` entries must be plugin names, found {}",
-                value.to_string().trim()
+                echo::bare(value.to_string().trim())
             )));
         };
         if !is_plugin_name(name) {
             return Err(error(format!(
-                "{key} entry \"{name}\" is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths"
+                "{key} entry {} is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths",
+                echo::quoted(name)
             )));
         }
         if names.iter().any(|n| n == name) {

@@ -1,6 +1,7 @@
 //! The input document of `history-host process` (SPEC §6.1): a bare array of messages, or
 //! `{"model": …, "turn": …, "messages": [...]}`.
 
+use plugin_api::echo;
 use plugin_api::wire::{parse_history, ShapeError};
 use plugin_api::{Message, RArc};
 use serde_json::Value;
@@ -36,14 +37,16 @@ pub fn parse_document(bytes: &[u8]) -> Result<InputDocument, ShapeError> {
                     ("model", Value::String(model)) => document.model = Some(model.clone()),
                     ("model", other) => {
                         return Err(ShapeError(format!(
-                            "document: model must be a string, found {other}"
+                            "document: model must be a string, found {}",
+                            echo::json(other)
                         )))
                     }
                     ("turn", value) => match value.as_u64() {
                         Some(turn) if turn >= 1 => document.turn = Some(turn),
                         _ => {
                             return Err(ShapeError(format!(
-                                "document: turn must be an integer ≥ 1, found {value}"
+                                "document: turn must be an integer ≥ 1, found {}",
+                                echo::json(value)
                             )))
                         }
                     },
@@ -53,7 +56,8 @@ pub fn parse_document(bytes: &[u8]) -> Result<InputDocument, ShapeError> {
                     }
                     (other, _) => {
                         return Err(ShapeError(format!(
-                            "document: unknown member \"{other}\" (expected model, turn, messages)"
+                            "document: unknown member {} (expected model, turn, messages)",
+                            echo::quoted(other)
                         )))
                     }
                 }

@@ -33,7 +33,11 @@ impl std::fmt::Display for ExpandError {
             ExpandError::OutOfRange { index, len } => {
                 write!(f, "cannot expand message {index}: the history has {len} messages")
             }
-            ExpandError::UnknownId(id) => write!(f, "cannot expand message \"{id}\": no message has that id"),
+            ExpandError::UnknownId(id) => write!(
+                f,
+                "cannot expand message {}: no message has that id",
+                plugin_api::echo::quoted(id)
+            ),
             ExpandError::NotExpandable { index, reason } => {
                 write!(f, "cannot expand message {index}: {reason}")
             }

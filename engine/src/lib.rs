@@ -15,7 +15,9 @@
 //! - [`expand`]: restoring a compacted or omitted message's original content;
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
 //!   `agentctl check` reports;
-//! - [`logging`]: the callback plugins log through.
+//! - [`logging`]: the callback plugins log through;
+//! - [`output`]: the binaries' stdout kept from plugins, write failures and exits a
+//!   plugin makes turned into failures, one-line errors.
 //!
 //! `ARCHITECTURE.md` at the workspace root shows how a turn flows through these.
 
@@ -28,6 +30,7 @@ pub mod expand;
 mod loader;
 pub mod logging;
 mod o200k;
+pub mod output;
 pub mod probe;
 pub mod selfcheck;
 pub mod summary;
@@ -41,6 +44,9 @@ pub use loader::{
     Refusal, Unavailable,
 };
 pub use probe::Prober;
+
+/// Echoing user- and plugin-supplied text in error and log lines: escaped, cut.
+pub use plugin_api::echo;
 
 /// Loads the configuration, discovers the plugins and builds the chain: what every
 /// command that runs the chain does first. Only the libraries the configuration names are

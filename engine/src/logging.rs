@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use plugin_api::{LogLevel, Logger, RStr};
+use plugin_api::{echo, LogLevel, Logger, RStr};
 
 thread_local! {
     static CURRENT_PLUGIN: RefCell<String> = const { RefCell::new(String::new()) };
@@ -21,7 +21,8 @@ pub(crate) fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
 extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
     CURRENT_PLUGIN.with(|plugin| {
         let plugin = plugin.borrow();
-        let message = message.as_str();
+        // A plugin's line stays one line: no newline or escape sequence gets through.
+        let message = echo::text(message.as_str());
         match level {
             LogLevel::Error => tracing::error!(plugin = %plugin, "{message}"),
             LogLevel::Warn => tracing::warn!(plugin = %plugin, "{message}"),
@@ -46,6 +47,6 @@ pub fn one_line_panics(program: &'static str) {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        eprintln!("{program}: internal error: {message}");
+        crate::output::error_line(program, &format!("internal error: {message}"));
     }));
 }

@@ -352,8 +352,9 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                 for stage in &stages {
                     if let Some(fault) = &stage.fault {
                         report.problems.push(format!(
-                            "plugin \"{}\" faulted on the sample history (model {name}): {fault}",
-                            stage.plugin
+                            "plugin \"{}\" faulted on the sample history (model {}): {fault}",
+                            stage.plugin,
+                            plugin_api::echo::bare(&name)
                         ));
                     }
                 }
@@ -365,7 +366,9 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                     stages,
                 });
             }
-            Err(failure) => report.problems.push(format!("model {name}: {failure}")),
+            Err(failure) => report
+                .problems
+                .push(format!("model {}: {failure}", plugin_api::echo::bare(&name))),
         }
     }
     report

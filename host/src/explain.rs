@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use history_engine::echo;
 use history_engine::summary::thousands;
 use history_engine::ChainRun;
 use plugin_api::Event;
@@ -37,7 +38,7 @@ fn event_lines(events: &[Event]) -> Vec<String> {
             [one] => {
                 let _ = write!(line, " at message {one}");
                 if let Some(id) = first.id.as_ref().into_option() {
-                    let _ = write!(line, " (id {id})");
+                    let _ = write!(line, " (id {})", echo::bare(id));
                 }
             }
             [first_index, .., last_index] => {
@@ -47,7 +48,7 @@ fn event_lines(events: &[Event]) -> Vec<String> {
         if group.iter().any(|e| e.tokens_saved.is_some()) {
             let _ = write!(line, ", {} tokens saved", thousands(saved.max(0) as u64));
         }
-        let _ = write!(line, ": {}", first.reason);
+        let _ = write!(line, ": {}", echo::text(&first.reason));
         lines.push(line);
         i = j;
     }
@@ -59,9 +60,10 @@ pub fn explain(run: &ChainRun, model: &str, tokenizer: &str, turn: u64, effectiv
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "input: {} messages, {} tokens ({tokenizer}); model {model}, turn {turn}, effective_ctx {effective_ctx}",
+        "input: {} messages, {} tokens ({tokenizer}); model {}, turn {turn}, effective_ctx {effective_ctx}",
         run.messages_in,
-        thousands(run.tokens_in)
+        thousands(run.tokens_in),
+        echo::bare(model)
     );
     for fault in &run.input_faults {
         let _ = writeln!(out, "  structural fault in the input: {fault}");

@@ -1,19 +1,28 @@
 //! `history-host`: runs the configured chain of history plugins (SPEC §6.1).
 //!
-//! Exit status: 0 done; 2 bad input; 3 a configuration or plugin-loading error; 4 a turn
-//! failed by a plugin under `on_plugin_error = "fail"`. On any error one line goes to
-//! stderr and nothing to stdout.
+//! Exit status: 0 done (also when the reader closed the pipe early); 2 bad input; 3 a
+//! configuration or plugin-loading error; 4 a turn failed by a plugin under
+//! `on_plugin_error = "fail"`; 5 an output cannot be written (stdout, or the
+//! `--working-out` file); 6 a plugin ended the process before the output was written;
+//! 64 a usage error. On any error one line goes to stderr and nothing to stdout.
+//!
+//! The output goes to stdout through [`Output`], never through fd 1 directly: fd 1 points
+//! at stderr while plugins run, so a plugin's `println!` cannot corrupt the JSON.
 
 use std::io::{Read, Write};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use history_engine::document::parse_document;
 use history_engine::expand::{expand as expand_message, Target};
+use history_engine::output::{error_line, ExitGuard, Output, USAGE_STATUS, WRITE_FAILED_STATUS};
 use history_engine::{load_chain, logging, stateless_context, turns, Call};
 use plugin_api::wire::write_message;
 use plugin_api::{Message, RArc};
+
+const PROGRAM: &str = "history-host";
 
 mod explain;
 
@@ -81,10 +90,16 @@ fn bad_input(message: String) -> Failure {
 }
 
 fn main() -> ExitCode {
-    logging::one_line_panics("history-host");
+    logging::one_line_panics(PROGRAM);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage(err),
+    };
+    let mut out = Output::take_stdout();
+    // Armed before any plugin is loaded: its load-time code can exit too.
+    let guard = ExitGuard::arm(PROGRAM);
     init_logging();
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let result = catch_unwind(AssertUnwindSafe(|| match cli.command {
         Command::Process {
             config,
             model,
@@ -92,22 +107,44 @@ fn main() -> ExitCode {
             explain,
             previous,
             working_out,
-        } => process(&ProcessArgs {
-            config_file: &config,
-            model,
-            input: &input,
-            explain,
-            previous: previous.as_deref(),
-            working_out: working_out.as_deref(),
-        }),
-        Command::Expand { index, id, input } => expand(index, id.as_deref(), &input),
-    };
+        } => process(
+            &mut out,
+            &ProcessArgs {
+                config_file: &config,
+                model,
+                input: &input,
+                explain,
+                previous: previous.as_deref(),
+                working_out: working_out.as_deref(),
+            },
+        ),
+        Command::Expand { index, id, input } => expand(&mut out, index, id.as_deref(), &input),
+    }));
+    guard.disarm();
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => {
-            eprintln!("history-host: {}", failure.message);
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(failure)) => {
+            error_line(PROGRAM, &failure.message);
             ExitCode::from(failure.status)
         }
+        // A bug in the host: the panic hook has written its one line.
+        Err(_) => ExitCode::from(101),
+    }
+}
+
+/// A command-line error: clap's message and status 64 (`--help` and `--version`: their
+/// text on stdout, status 0).
+fn usage(err: clap::Error) -> ExitCode {
+    if err.use_stderr() {
+        let _ = err.print();
+        return ExitCode::from(USAGE_STATUS);
+    }
+    match err.print() {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            error_line(PROGRAM, &format!("cannot write output: {err}"));
+            ExitCode::from(WRITE_FAILED_STATUS)
+        }
+        _ => ExitCode::SUCCESS,
     }
 }
 
@@ -148,7 +185,7 @@ struct ProcessArgs<'a> {
     working_out: Option<&'a Path>,
 }
 
-fn process(args: &ProcessArgs<'_>) -> Result<(), Failure> {
+fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
     let ProcessArgs {
         config_file,
         input,
@@ -189,10 +226,8 @@ fn process(args: &ProcessArgs<'_>) -> Result<(), Failure> {
 
     tracing::info!("{}", history_engine::summary::summary_line(&run));
     if explain {
-        eprint!(
-            "{}",
-            explain::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx)
-        );
+        let report = explain::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx);
+        let _ = std::io::stderr().lock().write_all(report.as_bytes());
     } else if let Some(kept) = run.prefix_kept {
         tracing::info!(
             "prefix_kept: {kept} of {} messages as in the previous output",
@@ -201,15 +236,15 @@ fn process(args: &ProcessArgs<'_>) -> Result<(), Failure> {
     }
     if let Some(file) = args.working_out {
         std::fs::write(file, history_json(&run.working)).map_err(|err| Failure {
-            status: 5,
+            status: WRITE_FAILED_STATUS,
             message: format!("cannot write the working history to {}: {err}", file.display()),
         })?;
     }
-    write_history(&run.history)
+    write_history(out, &run.history)
 }
 
 /// `expand`: one message of a stateless history restored.
-fn expand(index: Option<usize>, id: Option<&str>, input: &str) -> Result<(), Failure> {
+fn expand(out: &mut Output, index: Option<usize>, id: Option<&str>, input: &str) -> Result<(), Failure> {
     let document = parse_document(&read_input(input)?).map_err(|err| bad_input(err.0))?;
     let mut history = document.messages;
     let turn = turns::current_turn(&history, document.turn);
@@ -220,7 +255,7 @@ fn expand(index: Option<usize>, id: Option<&str>, input: &str) -> Result<(), Fai
     };
     let event = expand_message(&mut history, target, turn).map_err(|err| bad_input(err.to_string()))?;
     tracing::info!("{}: {}", event.kind.as_str(), event.reason);
-    write_history(&history)
+    write_history(out, &history)
 }
 
 /// A history as the JSON array `process` prints: one message per line.
@@ -234,10 +269,11 @@ fn history_json(history: &[RArc<Message>]) -> String {
     out
 }
 
-fn write_history(history: &[RArc<Message>]) -> Result<(), Failure> {
-    let out = history_json(history);
-    let mut stdout = std::io::stdout().lock();
-    // A closed stdout (e.g. `| head`) is not worth a second error line.
-    let _ = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush());
-    Ok(())
+fn write_history(out: &mut Output, history: &[RArc<Message>]) -> Result<(), Failure> {
+    // A closed pipe (e.g. `| head`) is the reader's choice, not an error; a full disk is.
+    out.write_all(history_json(history).as_bytes())
+        .map_err(|err| Failure {
+            status: WRITE_FAILED_STATUS,
+            message: format!("cannot write output: {err}"),
+        })
 }

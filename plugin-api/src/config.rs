@@ -44,13 +44,7 @@ pub struct ConfigTable {
 }
 
 fn describe(value: &Value) -> String {
-    let text = value.to_string();
-    if text.chars().count() > 40 {
-        let short: String = text.chars().take(40).collect();
-        format!("{short}…")
-    } else {
-        text
-    }
+    crate::echo::json(value)
 }
 
 impl ConfigTable {
@@ -136,7 +130,11 @@ impl ConfigTable {
                 let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
                 Err(ConfigError::new(
                     self.path(key),
-                    format!("expected one of {}, found \"{value}\"", names.join(", ")),
+                    format!(
+                        "expected one of {}, found {}",
+                        names.join(", "),
+                        crate::echo::quoted(&value)
+                    ),
                 ))
             }
         }

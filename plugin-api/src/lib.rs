@@ -75,11 +75,12 @@
 //! - Any change to a type that crosses the boundary is an ABI change: bump the minor
 //!   version (0.**y**.z). abi_stable then refuses plugins built against another 0.y, and
 //!   within one 0.y it requires the plugin's patch version to be at least the host's.
-//! - Changes that cross nothing (helpers, [`wire`], [`structure`], [`naming`], docs) are
-//!   patch releases.
+//! - Changes that cross nothing (helpers, [`wire`], [`structure`], [`naming`], [`echo`],
+//!   docs) are patch releases.
 
 pub mod config;
 pub mod context;
+pub mod echo;
 pub mod event;
 pub mod message;
 pub mod naming;

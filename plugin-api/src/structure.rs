@@ -124,10 +124,16 @@ impl Faults {
         let mut lines = Vec::new();
         for &index in &self.orphan_results {
             let id = history[index].call_id().unwrap_or("");
-            lines.push(format!("message {index}: tool result \"{id}\" answers no call"));
+            lines.push(format!(
+                "message {index}: tool result {} answers no call",
+                crate::echo::quoted(id)
+            ));
         }
         for (index, id) in &self.unanswered_calls {
-            lines.push(format!("message {index}: tool call \"{id}\" has no result"));
+            lines.push(format!(
+                "message {index}: tool call {} has no result",
+                crate::echo::quoted(id)
+            ));
         }
         if let Some(index) = self.non_user_start {
             lines.push(format!(

@@ -10,6 +10,7 @@
 use abi_stable::std_types::{RArc, ROption, RString, RVec};
 use serde_json::{Map, Value};
 
+use crate::echo;
 use crate::message::{
     CompactMode, Content, Expiration, ExpirationMode, Member, Message, Metadata, Part, Role, ToolCall,
 };
@@ -54,7 +55,7 @@ pub fn parse_message(value: &Value) -> Result<Message, ShapeError> {
     let role = match object.get("role") {
         Some(Value::String(name)) => match Role::parse(name) {
             Some(role) => role,
-            None => return bad(format!("unknown role \"{name}\"")),
+            None => return bad(format!("unknown role {}", echo::quoted(name))),
         },
         Some(other) => return bad(format!("role must be a string, found {}", kind(other))),
         None => return bad("missing role"),
@@ -206,7 +207,12 @@ fn parse_metadata(object: &Map<String, Value>) -> Result<Metadata, ShapeError> {
                     meta.turn_added = ROption::RSome(turn);
                     true
                 }
-                _ => return bad(format!("turn_added must be an integer ≥ 1, found {value}")),
+                _ => {
+                    return bad(format!(
+                        "turn_added must be an integer ≥ 1, found {}",
+                        echo::json(value)
+                    ))
+                }
             },
             ("retention_policy", Value::Array(entries)) => {
                 let mut policy = RVec::with_capacity(entries.len());
@@ -217,7 +223,8 @@ fn parse_metadata(object: &Map<String, Value>) -> Result<Metadata, ShapeError> {
                             Some(n) => ROption::RSome(n),
                             None => {
                                 return bad(format!(
-                                    "retention_policy[{i}] must be an integer ≥ 0 or null, found {other}"
+                                    "retention_policy[{i}] must be an integer ≥ 0 or null, found {}",
+                                    echo::json(other)
                                 ))
                             }
                         },
@@ -294,17 +301,28 @@ fn parse_expiration(object: &Map<String, Value>) -> Result<Expiration, ShapeErro
             (_, Value::Null) => expiration.extra.push(member(key, value)),
             ("turns", value) => match parse_u64(value) {
                 Some(n) => expiration.turns = ROption::RSome(n),
-                None => return bad(format!("turns must be an integer ≥ 0, found {value}")),
+                None => {
+                    return bad(format!(
+                        "turns must be an integer ≥ 0, found {}",
+                        echo::json(value)
+                    ))
+                }
             },
             ("compact_length", value) => match parse_u64(value) {
                 Some(n) => expiration.compact_length = ROption::RSome(n),
-                None => return bad(format!("compact_length must be an integer ≥ 0, found {value}")),
+                None => {
+                    return bad(format!(
+                        "compact_length must be an integer ≥ 0, found {}",
+                        echo::json(value)
+                    ))
+                }
             },
             ("mode", value) => match value.as_str().and_then(ExpirationMode::parse) {
                 Some(mode) => expiration.mode = ROption::RSome(mode),
                 None => {
                     return bad(format!(
-                        "mode must be one of none, remove, compact, found {value}"
+                        "mode must be one of none, remove, compact, found {}",
+                        echo::json(value)
                     ))
                 }
             },
@@ -312,7 +330,8 @@ fn parse_expiration(object: &Map<String, Value>) -> Result<Expiration, ShapeErro
                 Some(mode) => expiration.compact_mode = ROption::RSome(mode),
                 None => {
                     return bad(format!(
-                        "compact_mode must be one of first_n_chars, ai_summary, found {value}"
+                        "compact_mode must be one of first_n_chars, ai_summary, found {}",
+                        echo::json(value)
                     ))
                 }
             },

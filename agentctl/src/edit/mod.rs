@@ -380,7 +380,8 @@ fn check_name(name: &str) -> Result<(), Refused> {
         Ok(())
     } else {
         Err(Refused(format!(
-            "\"{name}\" is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths"
+            "{} is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths",
+            history_engine::echo::quoted(name)
         )))
     }
 }

@@ -14,6 +14,7 @@ mod expand_explain;
 mod faults;
 mod full_chain;
 mod hardening_load;
+mod hardening_output;
 mod process_cli;
 mod properties;
 mod retention;

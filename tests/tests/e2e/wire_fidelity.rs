@@ -51,7 +51,7 @@ fn unknown_fields_opaque_parts_and_metadata_extras_are_kept() {
     ]"#;
     let config = unchanged_chain();
     let output = config.process(&["--turn-ignored-not-a-flag"], input);
-    assert_eq!(output.status.code(), Some(2), "unknown flag is a usage error");
+    assert_eq!(output.status.code(), Some(64), "unknown flag is a usage error");
     let output = config.process(&[], input);
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(input));
