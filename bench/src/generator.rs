@@ -49,6 +49,37 @@ pub fn generate_messages(messages: usize, seed: u64) -> Vec<Value> {
     history
 }
 
+/// The wide fan-out: a task, then one assistant message with `calls` tool calls, answered
+/// newest call first (the reverse of the calls' order). Half the calls edit or write a
+/// file and get an empty result back: `tool_result_filter` leaves those alone, so
+/// `retention` too looks up the call of thousands of results. Nothing random: the case is
+/// the shape, not the text.
+pub fn fan_out(calls: usize) -> Vec<Value> {
+    let tool = |i: usize| ["read_file", "edit_file", "grep", "write_file"][i % 4];
+    let tool_calls: Vec<Value> = (0..calls)
+        .map(|i| {
+            json!({"id": format!("call_{i:06}"), "type": "function", "function": {
+                "name": tool(i), "arguments": format!("{{\"path\": \"src/module_{i}.rs\"}}")}})
+        })
+        .collect();
+    let mut history = vec![
+        json!({"role": "user", "content": "Rename `config` to `settings` in every module of the crate."}),
+        json!({"role": "assistant", "content": null, "tool_calls": tool_calls}),
+    ];
+    for i in (0..calls).rev() {
+        let content = if matches!(tool(i), "edit_file" | "write_file") {
+            String::new()
+        } else {
+            format!(
+                "src/module_{i}.rs:12: let config = Config::load(&path)?; // {} 1 match",
+                tool(i)
+            )
+        };
+        history.push(json!({"role": "tool", "tool_call_id": format!("call_{i:06}"), "content": content}));
+    }
+    history
+}
+
 /// A history as a JSON array, one message per line (diffable, and still one JSON value).
 pub fn to_json_text(history: &[Value]) -> String {
     let mut out = String::from("[\n");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use plugin_api::{Message, RArc, Role};
 
-pub use generator::{generate, generate_messages, to_json_text};
+pub use generator::{fan_out, generate, generate_messages, to_json_text};
 
 /// Splits a history into turns (SPEC §2.3, as a session sees them arrive): a turn starts
 /// at each user message; messages before the first user message belong to the first turn.

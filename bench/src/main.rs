@@ -23,8 +23,14 @@
 //!   structural check, remembered token counts, the ABI calls), and a ratio to it is what
 //!   the plugins, and counting new messages, add on top. The replay's floor gets each
 //!   turn's input exactly as the chain got it.
-//! - **tokens**: `o200k_base` throughput of the host's counter, and the bytes tokenized
-//!   during a replay over the bytes that entered it (1.0 = nothing tokenized twice).
+//! - **fanout**: one assistant message with 20,000 tool calls answered in reverse order
+//!   ([`history_bench::fan_out`]), the chain and the floor on it, cold and warm, per
+//!   plugin: every lookup of the call a result answers happens once per result here, so
+//!   a lookup that scans the calls shows as seconds instead of milliseconds.
+//! - **tokens**: `o200k_base` throughput of the host's counter on the replay's text, on its
+//!   worst cases (a megabyte of one letter, and of random A/C/G/T: each a single piece for
+//!   the byte-pair merge), and the bytes tokenized during a replay over the bytes that
+//!   entered it (1.0 = nothing tokenized twice).
 //! - **peak RSS** of the process after the replays (VmHWM).
 
 use std::collections::BTreeMap;
@@ -32,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use history_bench::{generate, generate_messages, median, quantile, split_turns, to_json_text};
+use history_bench::{fan_out, generate, generate_messages, median, quantile, split_turns, to_json_text};
 use history_engine::chain::stateless_context;
 use history_engine::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
 use plugin_api::wire::parse_history;
@@ -57,6 +63,11 @@ const SINGLE_MESSAGES: usize = 10_000;
 /// other and doubled the floor: 1.3 -> 3.6 ms).
 const WARM_CALLS: usize = 50;
 const WARM_BLOCK: usize = 5;
+/// Tool calls of the fan-out history, and its warm calls (each takes tens of milliseconds).
+const FANOUT_CALLS: usize = 20_000;
+const FANOUT_WARM_CALLS: usize = 10;
+/// Bytes of each worst case of the token counter.
+const WORST_CASE_BYTES: usize = 1_000_000;
 /// The window of the bench configuration: the shipped defaults (`plugins-enabled.toml`).
 const AGENT_MAX_CTX: u64 = 200;
 const CONTEXT_TOKENS: u64 = 128_000;
@@ -300,10 +311,10 @@ struct Single {
     warm_stages: Vec<(String, Duration)>,
 }
 
-/// The single call through the chain and through the floor: each on its own fresh copy
-/// of the history (so both cold calls count every message), warm calls alternated in
-/// blocks ([`WARM_BLOCK`]).
-fn singles(bench: &Bench, values: &[Value]) -> Result<(Single, Single)> {
+/// One call on `values` through the chain and through the floor: each on its own fresh
+/// copy of the history (so both cold calls count every message), then `warm_calls` warm
+/// calls each, alternated in blocks ([`WARM_BLOCK`]).
+fn singles(bench: &Bench, values: &[Value], warm_calls: usize) -> Result<(Single, Single)> {
     let chains = [&bench.chain, &bench.floor];
     let mut histories = Vec::new();
     let mut colds = Vec::new();
@@ -314,7 +325,7 @@ fn singles(bench: &Bench, values: &[Value]) -> Result<(Single, Single)> {
     }
     let mut totals = [Vec::new(), Vec::new()];
     let mut stages: [Vec<Vec<Duration>>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..WARM_CALLS / WARM_BLOCK {
+    for _ in 0..warm_calls.div_ceil(WARM_BLOCK) {
         for (which, chain) in chains.iter().enumerate() {
             let (history, turn) = &histories[which];
             for _ in 0..WARM_BLOCK {
@@ -360,6 +371,33 @@ fn token_throughput(values: &[Value]) -> Result<(f64, Duration)> {
     }
     let time = median(&times);
     Ok((bytes as f64 / time.as_secs_f64() / 1e6, time))
+}
+
+/// `o200k_base` throughput of the host's counter on its worst cases, MB/s (median of 3):
+/// a megabyte of one letter and a megabyte of random A/C/G/T, each one piece of text for
+/// the byte-pair merge (a merge that rescans the piece after each step takes many minutes).
+fn worst_token_throughput() -> (f64, f64) {
+    let one_letter = "a".repeat(WORST_CASE_BYTES);
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let acgt: String = (0..WORST_CASE_BYTES)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ['A', 'C', 'G', 'T'][(state % 4) as usize]
+        })
+        .collect();
+    let throughput = |text: &str| {
+        let times: Vec<Duration> = (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                std::hint::black_box(tokens::count_text(Tokenizer::O200kBase, text));
+                started.elapsed()
+            })
+            .collect();
+        text.len() as f64 / median(&times).as_secs_f64() / 1e6
+    };
+    (throughput(&one_letter), throughput(&acgt))
 }
 
 /// The process's peak resident set so far, in MB (VmHWM; Linux only, else 0).
@@ -475,20 +513,27 @@ fn run(args: &[String]) -> Result<()> {
     let tokenized_ratio = first.bytes_tokenized as f64 / first.bytes_entered.max(1) as f64;
 
     let single_values = generate_messages(SINGLE_MESSAGES, seed.wrapping_add(1));
-    let (chain_single, floor_single) = singles(&bench, &single_values)?;
+    let (chain_single, floor_single) = singles(&bench, &single_values, WARM_CALLS)?;
+    let fanout_values = fan_out(FANOUT_CALLS);
+    let (chain_fanout, floor_fanout) = singles(&bench, &fanout_values, FANOUT_WARM_CALLS)?;
     let (throughput, counting) = token_throughput(&replay_history)?;
+    let (one_letter, acgt) = worst_token_throughput();
 
-    let per_plugin: BTreeMap<String, f64> = chain_single
-        .warm_stages
-        .iter()
-        .map(|(name, d)| (name.clone(), round(ms(*d), 4)))
-        .collect();
-    let cold_per_plugin: BTreeMap<String, f64> = chain_single
-        .cold
-        .stages
-        .iter()
-        .map(|(name, d)| (name.clone(), round(ms(*d), 3)))
-        .collect();
+    let per_plugin = |single: &Single| -> BTreeMap<String, f64> {
+        single
+            .warm_stages
+            .iter()
+            .map(|(name, d)| (name.clone(), round(ms(*d), 4)))
+            .collect()
+    };
+    let cold_per_plugin = |single: &Single| -> BTreeMap<String, f64> {
+        single
+            .cold
+            .stages
+            .iter()
+            .map(|(name, d)| (name.clone(), round(ms(*d), 3)))
+            .collect()
+    };
     let report = json!({
         "chain": bench.chain.names(),
         "not_installed": bench.missing,
@@ -525,16 +570,32 @@ fn run(args: &[String]) -> Result<()> {
             "messages": single_values.len(),
             "cold_ms": round(ms(chain_single.cold.total), 3),
             "floor_cold_ms": round(ms(floor_single.cold.total), 3),
-            "cold_per_plugin_ms": cold_per_plugin,
+            "cold_per_plugin_ms": cold_per_plugin(&chain_single),
             "total_ms": round(ms(chain_single.warm), 4),
             "floor_ms": round(ms(floor_single.warm), 4),
             "best_ms": round(ms(chain_single.warm_best), 4),
             "floor_best_ms": round(ms(floor_single.warm_best), 4),
             "ratio_to_floor": round(ratio(chain_single.warm, floor_single.warm), 3),
-            "per_plugin_ms": per_plugin,
+            "per_plugin_ms": per_plugin(&chain_single),
+        },
+        // One assistant message with FANOUT_CALLS calls, answered in reverse order.
+        "fanout": {
+            "calls": FANOUT_CALLS,
+            "messages": fanout_values.len(),
+            "cold_ms": round(ms(chain_fanout.cold.total), 3),
+            "floor_cold_ms": round(ms(floor_fanout.cold.total), 3),
+            "cold_per_plugin_ms": cold_per_plugin(&chain_fanout),
+            "total_ms": round(ms(chain_fanout.warm), 3),
+            "floor_ms": round(ms(floor_fanout.warm), 3),
+            "ratio_to_floor": round(ratio(chain_fanout.warm, floor_fanout.warm), 3),
+            "per_plugin_ms": per_plugin(&chain_fanout),
         },
         "tokens": {
             "o200k_mb_per_s": round(throughput, 2),
+            // The lower of the two worst cases, each 1 MB in one piece.
+            "o200k_worst_mb_per_s": round(one_letter.min(acgt), 2),
+            "o200k_one_letter_mb_per_s": round(one_letter, 2),
+            "o200k_acgt_mb_per_s": round(acgt, 2),
             "bytes_tokenized_ratio": round(tokenized_ratio, 4),
             "bytes_tokenized": first.bytes_tokenized,
             "bytes_entered": first.bytes_entered,
@@ -601,10 +662,40 @@ fn print_table(r: &Value) {
             );
         }
     }
+    let fanout = &r["fanout"];
     println!();
     println!(
-        "tokens     o200k_base {} MB/s; bytes tokenized / entered over a replay: {}",
-        r["tokens"]["o200k_mb_per_s"], r["tokens"]["bytes_tokenized_ratio"]
+        "fanout     one assistant message with {} tool calls answered in reverse order ({} messages)",
+        fanout["calls"], fanout["messages"]
+    );
+    println!(
+        "  cold         {:>10} ms   floor {:>10} ms",
+        fanout["cold_ms"], fanout["floor_cold_ms"]
+    );
+    println!(
+        "  warm         {:>10} ms   floor {:>10} ms   ratio {}",
+        fanout["total_ms"], fanout["floor_ms"], fanout["ratio_to_floor"]
+    );
+    if let Some(plugins) = fanout["per_plugin_ms"].as_object() {
+        for (name, warm) in plugins {
+            println!(
+                "  {name:<20} {warm:>10} ms warm, {} ms cold",
+                fanout["cold_per_plugin_ms"][name]
+            );
+        }
+    }
+    println!();
+    let tokens = &r["tokens"];
+    println!(
+        "tokens     o200k_base {} MB/s; worst case {} MB/s (1 MB of one letter {} MB/s, of random ACGT {} MB/s)",
+        tokens["o200k_mb_per_s"],
+        tokens["o200k_worst_mb_per_s"],
+        tokens["o200k_one_letter_mb_per_s"],
+        tokens["o200k_acgt_mb_per_s"]
+    );
+    println!(
+        "           bytes tokenized / entered over a replay: {}",
+        tokens["bytes_tokenized_ratio"]
     );
     println!("peak RSS   {} MB (after the replays)", r["peak_rss_mb"]);
     println!(

@@ -1,7 +1,7 @@
 //! The generator is deterministic for a seed and makes the histories it advertises: whole
 //! tool-call units, realistic result sizes, text that tokenizes like real tool output.
 
-use history_bench::{generate, generate_messages, split_turns, to_json_text};
+use history_bench::{fan_out, generate, generate_messages, split_turns, to_json_text};
 use history_engine::tokens::count_text;
 use plugin_api::structure::Faults;
 use plugin_api::wire::parse_history;
@@ -81,4 +81,22 @@ fn a_history_of_at_least_n_messages_is_whole_turns() {
     assert_eq!(Faults::of(&history).count(), 0);
     let last = history.last().unwrap();
     assert!(last.role == Role::Assistant && last.tool_calls.is_empty());
+}
+
+#[test]
+fn the_fan_out_is_one_call_message_answered_in_reverse_order() {
+    let history = parse_history(&Value::Array(fan_out(8))).unwrap();
+    assert_eq!(history.len(), 10);
+    assert_eq!(Faults::of(&history).count(), 0);
+    assert_eq!(history[1].tool_calls.len(), 8);
+    let ids: Vec<&str> = history[2..].iter().map(|m| m.call_id().unwrap()).collect();
+    let mut reversed: Vec<&str> = history[1].tool_calls.iter().map(|c| c.id.as_str()).collect();
+    reversed.reverse();
+    assert_eq!(ids, reversed);
+    // Half the results are empty (the edit and write tools have nothing to say).
+    let empty = history[2..]
+        .iter()
+        .filter(|m| m.content.text().is_empty())
+        .count();
+    assert_eq!(empty, 4);
 }

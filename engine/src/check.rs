@@ -53,6 +53,9 @@ pub fn check_output(
     let by_key: HashMap<Key<'_>, &Message> = input.iter().map(|m| (key(m), &**m)).collect();
     let origins: HashMap<u64, Role> = input.iter().map(|m| (m.origin(), m.role)).collect();
     let mut seen: HashSet<Key<'_>> = HashSet::with_capacity_and_hasher(output.len(), Default::default());
+    // (origin, call id) of the calls of the input's assistant messages, made when a new
+    // tool result first needs it: a plugin may answer thousands of one message's calls.
+    let mut input_calls: Option<HashSet<(u64, &str)>> = None;
 
     for (index, message) in output.iter().enumerate() {
         let fault = |what: String| format!("output message {index}: {what}");
@@ -64,12 +67,20 @@ pub fn check_output(
         }
         if by_key.contains_key(&key(message)) {
             // A changed copy, or a merge kept under its first message's identity.
-        } else if let (Role::Tool, Some(call)) = (
-            message.role,
-            by_key.get(&(message.origin(), Role::Assistant, None)),
-        ) {
+        } else if message.role == Role::Tool
+            && by_key.contains_key(&(message.origin(), Role::Assistant, None))
+        {
             let id = message.call_id().unwrap_or("");
-            if !call.tool_calls.iter().any(|c| c.id.as_str() == id) {
+            let calls = input_calls.get_or_insert_with(|| {
+                by_key
+                    .iter()
+                    .filter(|((_, role, _), _)| *role == Role::Assistant)
+                    .flat_map(|((origin, _, _), call)| {
+                        call.tool_calls.iter().map(|c| (*origin, c.id.as_str()))
+                    })
+                    .collect()
+            });
+            if !calls.contains(&(message.origin(), id)) {
                 return Err(fault(format!(
                     "tool result {} answers none of the calls of the message it was made from",
                     echo::quoted(id)

@@ -12,18 +12,38 @@ use abi_stable::std_types::RArc;
 
 use crate::message::{Message, Role};
 
+/// The call a tool result answers: the assistant message's index and the call's position
+/// in that message's `tool_calls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallRef {
+    pub message: usize,
+    pub call: usize,
+}
+
 /// For each message, the index of the assistant message a `tool` message answers: the
 /// nearest earlier assistant message with a tool call of that id (real histories reuse
 /// ids across assistant messages). `None` for orphan results and for other roles.
 pub fn answered_calls(history: &[RArc<Message>]) -> Vec<Option<usize>> {
-    let mut latest_call: HashMap<&str, usize> = HashMap::default();
+    answered_call_refs(history)
+        .into_iter()
+        .map(|answer| answer.map(|at| at.message))
+        .collect()
+}
+
+/// [`answered_calls`] with the call itself: for each `tool` message, the assistant message
+/// it answers and the position of the call there (the first call with that id, when a
+/// message gives one id to several calls). One pass with a map from call id to call, so a
+/// message with thousands of calls costs no more per result than one with a single call.
+pub fn answered_call_refs(history: &[RArc<Message>]) -> Vec<Option<CallRef>> {
+    let mut latest_call: HashMap<&str, CallRef> = HashMap::default();
     history
         .iter()
         .enumerate()
         .map(|(index, message)| match message.role {
             Role::Assistant => {
-                for call in message.tool_calls.iter() {
-                    latest_call.insert(call.id.as_str(), index);
+                // From the last call back, so an id given twice ends up at its first call.
+                for (call, tool_call) in message.tool_calls.iter().enumerate().rev() {
+                    latest_call.insert(tool_call.id.as_str(), CallRef { message: index, call });
                 }
                 None
             }
@@ -33,25 +53,19 @@ pub fn answered_calls(history: &[RArc<Message>]) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// The tool name of the result at `index` (SPEC §5.4): the `function.name` of the call it
-/// answers (`answers` from [`answered_calls`]), else the message's own `name`. An empty
+/// The tool name of the result at `index`: the `function.name` of the call it answers
+/// (`answers` from [`answered_call_refs`]), else the message's own `name`. An empty
 /// `function.name` means the call did not name one.
 pub fn tool_name<'a>(
     history: &'a [RArc<Message>],
-    answers: &[Option<usize>],
+    answers: &[Option<CallRef>],
     index: usize,
 ) -> Option<&'a str> {
-    let message = &history[index];
-    let from_call = answers[index].and_then(|call| {
-        let id = message.call_id()?;
-        history[call]
-            .tool_calls
-            .iter()
-            .find(|c| c.id.as_str() == id)
-            .map(|c| c.name.as_str())
-            .filter(|name| !name.is_empty())
-    });
-    from_call.or_else(|| message.name.as_ref().into_option().map(|s| s.as_str()))
+    let from_call = answers[index]
+        .and_then(|at| history[at.message].tool_calls.get(at.call))
+        .map(|call| call.name.as_str())
+        .filter(|name| !name.is_empty());
+    from_call.or_else(|| history[index].name.as_ref().into_option().map(|s| s.as_str()))
 }
 
 /// Number of leading `system`/`developer` messages.
@@ -175,4 +189,59 @@ pub fn units_with_answers(len: usize, answers: &[Option<usize>]) -> Vec<Range<us
         start = end + 1;
     }
     units
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::history_from_str;
+
+    #[test]
+    fn a_result_answers_the_first_call_of_its_id_in_the_nearest_earlier_message() {
+        let call = |id: &str, name: &str| {
+            format!(r#"{{"id":"{id}","type":"function","function":{{"name":"{name}","arguments":"{{}}"}}}}"#)
+        };
+        let history = history_from_str(&format!(
+            r#"[{{"role":"user","content":"u"}},
+                {{"role":"assistant","tool_calls":[{},{},{}]}},
+                {{"role":"tool","tool_call_id":"y","content":"1"}},
+                {{"role":"tool","tool_call_id":"x","content":"2"}},
+                {{"role":"assistant","tool_calls":[{}]}},
+                {{"role":"tool","tool_call_id":"x","content":"3"}},
+                {{"role":"tool","tool_call_id":"y","content":"4"}},
+                {{"role":"tool","tool_call_id":"z","name":"own","content":"5"}}]"#,
+            call("x", "first"),
+            call("y", "why"),
+            call("x", "second"),
+            call("x", "")
+        ))
+        .unwrap();
+        let at = |message, call| Some(CallRef { message, call });
+        let answers = answered_call_refs(&history);
+        assert_eq!(
+            answers,
+            [None, None, at(1, 1), at(1, 0), None, at(4, 0), at(1, 1), None]
+        );
+        assert_eq!(
+            answered_calls(&history),
+            [None, None, Some(1), Some(1), None, Some(4), Some(1), None]
+        );
+        let names: Vec<_> = (0..history.len())
+            .map(|i| tool_name(&history, &answers, i))
+            .collect();
+        // An unnamed call leaves the message's own name (none here); an orphan keeps its own.
+        assert_eq!(
+            names,
+            [
+                None,
+                None,
+                Some("why"),
+                Some("first"),
+                None,
+                None,
+                Some("why"),
+                Some("own")
+            ]
+        );
+    }
 }

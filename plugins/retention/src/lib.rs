@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use plugin_api::structure::{answered_calls, tool_name};
+use plugin_api::structure::{answered_call_refs, tool_name};
 use plugin_api::{
     CompactMode, ConfigError, ConfigTable, Content, Context, Event, EventKind, Expiration, ExpirationMode,
     HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
@@ -225,7 +225,7 @@ impl HistoryPlugin for Retention {
 
     fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
         let tokenizer = ctx.model.tokenizer;
-        let answers = answered_calls(history);
+        let answers = answered_call_refs(history);
         // The first user message of the history is the task (§5): never removed, only
         // replaced by a placeholder, so the history still starts with the user.
         let first_user = history.iter().position(|m| m.role == Role::User);

@@ -222,25 +222,37 @@ impl Repair<'_> {
         // (insert after this position, placeholder nodes), collected first and inserted
         // from the back so positions stay valid.
         let mut insertions: Vec<(usize, Vec<Node>)> = Vec::new();
+        let none_answered = HashSet::new();
         for (index, node) in self.nodes.iter().enumerate() {
             if !node.message.has_tool_calls() {
                 continue;
             }
             let (ids, last) = answered
                 .get(&index)
-                .map(|(ids, last)| (ids.clone(), *last))
-                .unwrap_or((HashSet::new(), index));
+                .map_or((&none_answered, index), |(ids, last)| (ids, *last));
             let mut made: HashSet<&str> = HashSet::new();
             let mut placeholders = Vec::new();
+            // Call id -> the first of the node's input messages with a call of that id;
+            // made once per node, when it has a call to answer (a message may have
+            // thousands of calls: no scan of them per call).
+            let mut sources: Option<HashMap<&str, &RArc<Message>>> = None;
             for call in node.message.tool_calls.iter() {
                 let id = call.id.as_str();
                 if ids.contains(id) || !made.insert(id) {
                     continue;
                 }
-                let source = node
-                    .call_sources
-                    .iter()
-                    .find(|source| source.tool_calls.iter().any(|c| c.id.as_str() == id))
+                let source = sources
+                    .get_or_insert_with(|| {
+                        let mut first: HashMap<&str, &RArc<Message>> = HashMap::new();
+                        for source in &node.call_sources {
+                            for call in source.tool_calls.iter() {
+                                first.entry(call.id.as_str()).or_insert(source);
+                            }
+                        }
+                        first
+                    })
+                    .get(id)
+                    .copied()
                     .unwrap_or(&node.message);
                 let message = Message::placeholder_result(source, id, &self.plugin.placeholder);
                 self.events.push(

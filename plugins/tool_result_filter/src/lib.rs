@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use plugin_api::structure::{answered_calls, tool_name};
+use plugin_api::structure::{answered_call_refs, tool_name, CallRef};
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
     Output, RArc,
@@ -40,7 +40,7 @@ impl ToolResultFilter {
     /// Whether the result at `index` takes part at all: not already a placeholder, not
     /// expanded, not of an excluded tool, and longer than `min_chars`. Results that do not take part are
     /// never replaced and do not count toward `keep`.
-    fn counted(&self, history: &[RArc<Message>], answers: &[Option<usize>], index: usize) -> bool {
+    fn counted(&self, history: &[RArc<Message>], answers: &[Option<CallRef>], index: usize) -> bool {
         let message = &history[index];
         // An expanded result was asked for on purpose: it keeps its content and does not
         // push another result out of `keep`.
@@ -211,7 +211,7 @@ impl HistoryPlugin for ToolResultFilter {
             }
         }
 
-        let answers = answered_calls(history);
+        let answers = answered_call_refs(history);
         let counted: Vec<usize> = (0..history.len())
             .filter(|&i| history[i].role == plugin_api::Role::Tool && self.counted(history, &answers, i))
             .collect();
@@ -226,28 +226,41 @@ impl HistoryPlugin for ToolResultFilter {
         }
 
         // Arguments cleared per assistant message: (assistant index) -> call ids, and the
-        // tokens each replaced result saves, its cleared arguments included.
+        // tokens each replaced result saves, its cleared arguments included. Sets and maps,
+        // not scans: one assistant message may have thousands of calls and results.
         let placeholder_tokens = ctx.tokens.text(tokenizer, &self.placeholder) as i64;
-        let empty_args_tokens = ctx.tokens.text(tokenizer, "{}") as i64;
-        let mut cleared: HashMap<usize, Vec<&str>> = HashMap::new();
-        let mut savings: Vec<i64> = Vec::with_capacity(replace.len());
-        for &index in replace {
-            let message = &history[index];
-            let mut saved = ctx.tokens.content(tokenizer, message) as i64 - placeholder_tokens;
-            if self.clear_tool_inputs {
-                if let (Some(call), Some(id)) = (answers[index], message.call_id()) {
-                    for tool_call in history[call].tool_calls.iter().filter(|c| c.id.as_str() == id) {
-                        // Already "{}": nothing to clear, nothing saved (keeps a second run a no-op).
-                        if tool_call.arguments.as_str() != "{}" {
-                            saved +=
-                                ctx.tokens.text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
-                        }
-                    }
-                    cleared.entry(call).or_default().push(id);
+        let mut cleared: HashMap<usize, HashSet<&str>> = HashMap::new();
+        if self.clear_tool_inputs {
+            for &index in replace {
+                if let (Some(at), Some(id)) = (answers[index], history[index].call_id()) {
+                    cleared.entry(at.message).or_default().insert(id);
                 }
             }
-            savings.push(saved);
         }
+        // What clearing saves per (assistant index, call id), over every call with that id.
+        let empty_args_tokens = ctx.tokens.text(tokenizer, "{}") as i64;
+        let mut arguments_saved: HashMap<(usize, &str), i64> = HashMap::new();
+        for (&call, ids) in &cleared {
+            for tool_call in history[call].tool_calls.iter() {
+                let id = tool_call.id.as_str();
+                // Already "{}": nothing to clear, nothing saved (keeps a second run a no-op).
+                if ids.contains(id) && tool_call.arguments.as_str() != "{}" {
+                    *arguments_saved.entry((call, id)).or_default() +=
+                        ctx.tokens.text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
+                }
+            }
+        }
+        let savings: Vec<i64> = replace
+            .iter()
+            .map(|&index| {
+                let message = &history[index];
+                let arguments = match (answers[index], message.call_id()) {
+                    (Some(at), Some(id)) => arguments_saved.get(&(at.message, id)).copied(),
+                    _ => None,
+                };
+                ctx.tokens.content(tokenizer, message) as i64 - placeholder_tokens + arguments.unwrap_or(0)
+            })
+            .collect();
         let total_saved: i64 = savings.iter().sum();
         if total_saved < i64::try_from(self.clear_at_least).unwrap_or(i64::MAX) {
             ctx.log.info(&format!(
@@ -275,20 +288,20 @@ impl HistoryPlugin for ToolResultFilter {
         }
         // The calls' arguments live on the assistant message: change a copy of it, once,
         // however many of its results were replaced.
-        let mut calls: Vec<(usize, Vec<&str>)> = cleared.into_iter().collect();
+        let mut calls: Vec<(usize, HashSet<&str>)> = cleared.into_iter().collect();
         calls.sort_unstable_by_key(|(index, _)| *index);
         for (index, ids) in calls {
             let original = &history[index];
             let needs_change = original
                 .tool_calls
                 .iter()
-                .any(|c| ids.contains(&c.id.as_str()) && c.arguments.as_str() != "{}");
+                .any(|c| ids.contains(c.id.as_str()) && c.arguments.as_str() != "{}");
             if !needs_change {
                 continue;
             }
             let mut copy = (**original).clone();
             for call in copy.tool_calls.iter_mut() {
-                if ids.contains(&call.id.as_str()) && call.arguments.as_str() != "{}" {
+                if ids.contains(call.id.as_str()) && call.arguments.as_str() != "{}" {
                     call.arguments = "{}".into();
                     call.arguments_is_json = false;
                 }

@@ -11,6 +11,7 @@ mod bad_input;
 mod config_errors;
 mod default_plugin;
 mod expand_explain;
+mod fanout;
 mod faults;
 mod full_chain;
 mod hardening_load;
