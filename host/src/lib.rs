@@ -1,7 +1,8 @@
 //! The history host library: everything `history-host` and `agentctl` do, by concern.
 //!
 //! - [`config`]: `plugins-enabled.toml`, validated with errors naming key and line;
-//! - [`loader`]: discovery in `plugin_dir` and loading of plugin libraries;
+//! - [`loader`]: discovery in `plugin_dir` and loading of plugin libraries, with
+//!   [`compat`]'s version rule and layout check;
 //! - [`chain`]: the chain of plugin instances and a run of it, with the output check of
 //!   [`check`] after every stage and `on_plugin_error` handling;
 //! - [`turns`]: turns and message identities, derived once before the chain;
@@ -19,6 +20,7 @@
 
 pub mod chain;
 pub mod check;
+pub mod compat;
 pub mod config;
 pub mod document;
 pub mod edit;
