@@ -8,6 +8,7 @@
 //! - [`turns`]: turns and message identities, derived once before the chain;
 //! - [`tokens`]: the tokenizers offered to plugins, with per-message caching;
 //!   [`o200k`] counts `o200k_base` exactly as tiktoken does, without fancy-regex;
+//! - [`services`]: what plugins reach through their contexts (token counting, logging);
 //! - [`document`]: the input document of `process`;
 //! - [`report`]: the summary log line and `--explain`;
 //! - [`expand`]: restoring a compacted or omitted message's original content (§5.6);
@@ -30,6 +31,7 @@ pub mod loader;
 pub mod logging;
 pub mod o200k;
 pub mod report;
+pub mod services;
 pub mod tokens;
 pub mod turns;
 

@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 
-use plugin_api::{LogLevel, Logger, RStr};
+use plugin_api::{LogLevel, RStr};
 
 thread_local! {
     static CURRENT_PLUGIN: RefCell<String> = const { RefCell::new(String::new()) };
@@ -17,7 +17,8 @@ pub fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
     result
 }
 
-extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
+/// Writes a plugin's log line (the host services' `log`), naming the running plugin.
+pub extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
     CURRENT_PLUGIN.with(|plugin| {
         let plugin = plugin.borrow();
         let message = message.as_str();
@@ -28,11 +29,6 @@ extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
             LogLevel::Debug => tracing::debug!(plugin = %plugin, "{message}"),
         }
     });
-}
-
-/// The logger handed to plugins.
-pub fn logger() -> Logger {
-    Logger::new(plugin_log)
 }
 
 /// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter

@@ -54,7 +54,7 @@ impl TokenBudget {
         let tokenizer = self.tokenizer_for(&ctx.model);
         let costs: Vec<u64> = history
             .iter()
-            .map(|m| ctx.tokens.message(tokenizer, m, self.per_message_tokens))
+            .map(|m| ctx.tokens().message(tokenizer, m, self.per_message_tokens))
             .collect();
         let budget = self.budget(&ctx.model);
         let window = Window {
@@ -159,7 +159,7 @@ impl HistoryPlugin for TokenBudget {
         if max_tokens.is_some() && reserve_tokens.is_some() {
             // SPEC §5.2: max_tokens wins. Not an error, but the operator should know the
             // reserve does nothing.
-            load.log
+            load.log()
                 .warn("token_budget: reserve_tokens is ignored because max_tokens is set");
         }
         let plugin = TokenBudget {

@@ -146,7 +146,7 @@ impl HistoryPlugin for ToolResultFilter {
                 // `keep` left over from an earlier keep_last is harmless: say so rather
                 // than refuse the whole configuration.
                 if keep.is_some() {
-                    load.log.warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
+                    load.log().warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
                 }
                 if other == 1 {
                     Strategy::DropAll
@@ -192,7 +192,7 @@ impl HistoryPlugin for ToolResultFilter {
             .filter(|m| m.role == plugin_api::Role::Tool && m.meta().is_some_and(|meta| meta.omitted()))
             .count();
         let log_line = |replaced: usize| {
-            ctx.log.info(&format!(
+            ctx.log().info(&format!(
                 "tool results: {tool_total} total, {} kept, {replaced} replaced with placeholders",
                 tool_total - replaced
             ));
@@ -201,10 +201,10 @@ impl HistoryPlugin for ToolResultFilter {
         if self.trigger_tokens > 0 {
             let total: u64 = history
                 .iter()
-                .map(|m| ctx.tokens.message(tokenizer, m, PER_MESSAGE_TOKENS))
+                .map(|m| ctx.tokens().message(tokenizer, m, PER_MESSAGE_TOKENS))
                 .sum();
             if total <= self.trigger_tokens {
-                ctx.log.debug(&format!(
+                ctx.log().debug(&format!(
                     "tool_result_filter: history has {total} tokens, not over trigger_tokens {}; nothing replaced",
                     self.trigger_tokens
                 ));
@@ -229,20 +229,20 @@ impl HistoryPlugin for ToolResultFilter {
 
         // Arguments cleared per assistant message: (assistant index) -> call ids, and the
         // tokens each replaced result saves, its cleared arguments included.
-        let placeholder_tokens = ctx.tokens.text(tokenizer, &self.placeholder) as i64;
-        let empty_args_tokens = ctx.tokens.text(tokenizer, "{}") as i64;
+        let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder) as i64;
+        let empty_args_tokens = ctx.tokens().text(tokenizer, "{}") as i64;
         let mut cleared: HashMap<usize, Vec<&str>> = HashMap::new();
         let mut savings: Vec<i64> = Vec::with_capacity(replace.len());
         for &index in replace {
             let message = &history[index];
-            let mut saved = ctx.tokens.content(tokenizer, message) as i64 - placeholder_tokens;
+            let mut saved = ctx.tokens().content(tokenizer, message) as i64 - placeholder_tokens;
             if self.clear_tool_inputs {
                 if let (Some(call), Some(id)) = (answers[index], message.call_id()) {
                     for tool_call in history[call].tool_calls.iter().filter(|c| c.id.as_str() == id) {
                         // Already "{}": nothing to clear, nothing saved (keeps a second run a no-op).
                         if tool_call.arguments.as_str() != "{}" {
                             saved +=
-                                ctx.tokens.text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
+                                ctx.tokens().text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
                         }
                     }
                     cleared.entry(call).or_default().push(id);
@@ -252,7 +252,7 @@ impl HistoryPlugin for ToolResultFilter {
         }
         let total_saved: i64 = savings.iter().sum();
         if total_saved < i64::try_from(self.clear_at_least).unwrap_or(i64::MAX) {
-            ctx.log.info(&format!(
+            ctx.log().info(&format!(
                 "tool_result_filter: replacing {} results would save {total_saved} tokens, less than clear_at_least {}; nothing replaced",
                 replace.len(),
                 self.clear_at_least

@@ -7,7 +7,7 @@
 
 use history_host::check::check_output;
 use history_host::loader::Catalog;
-use history_host::{logging, tokens, turns};
+use history_host::{services, turns};
 use plugin_api::structure::Faults;
 use plugin_api::wire::{history_from_str, history_to_string};
 use plugin_api::{
@@ -40,7 +40,7 @@ impl Plugin {
             config_json: config_json.into(),
             agent_max_ctx: 200,
             models: vec![model()].into(),
-            log: logging::logger(),
+            services: services::SERVICES,
         };
         let instance = library.instantiate(&load).unwrap_or_else(|e| panic!("{e}"));
         Plugin { instance }
@@ -70,8 +70,7 @@ pub fn context(turn: u64) -> Context {
         turn,
         last_active: ROption::RNone,
         expiration_override: ROption::RNone,
-        tokens: tokens::counter(),
-        log: logging::logger(),
+        services: services::SERVICES,
     }
 }
 
