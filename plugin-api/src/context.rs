@@ -1,8 +1,9 @@
 //! What the host hands a plugin: the per-call [`Context`] (SPEC §3.1), the
-//! [`LoadContext`] of `new`, and the host services inside them (logging, token counting).
+//! [`LoadContext`] of `new`, and the host services inside them (logging, token counting,
+//! summarizing).
 
 use abi_stable::{
-    std_types::{ROption, RStr, RString, RVec},
+    std_types::{ROption, RResult, RStr, RString, RVec},
     StableAbi,
 };
 
@@ -81,7 +82,7 @@ pub enum LogLevel {
 }
 
 /// The services the host offers plugins, reached through [`Context`] and [`LoadContext`]
-/// ([`Context::tokens`], [`Context::log`]).
+/// ([`Context::tokens`], [`Context::log`], [`Context::summarize`]).
 ///
 /// This is an abi_stable *prefix type*: it crosses the boundary as [`HostServicesRef`], a
 /// pointer to the host's instance together with the number of fields that instance has.
@@ -106,7 +107,10 @@ pub struct HostServices {
     /// Writes a plugin's log line into the host's log (see [`Logger`]).
     #[sabi(last_prefix_field)]
     pub log: extern "C" fn(LogLevel, RStr<'_>),
-    // New services go here, each with a doc line saying which release added it.
+    // New services go below, each with a line saying which release added it.
+    /// Summarizes `text` (the first `RStr`) in about the target number of characters, for
+    /// the purpose (the second `RStr`); see [`Context::summarize`]. Added in 0.2.1.
+    pub summarize: extern "C" fn(RStr<'_>, u64, RStr<'_>) -> RResult<RString, RString>,
 }
 
 impl std::fmt::Debug for HostServicesRef {
@@ -211,6 +215,28 @@ impl Context {
         Logger {
             services: self.services,
         }
+    }
+
+    /// Asks the host's summarizer for a plain-text summary of `text` in at most about
+    /// `target_chars` characters (a character is a `char`). `purpose` says what the summary
+    /// is for, in a few words (e.g. `"old tool result"`); the host's prompt uses it, and
+    /// its cache tells summaries of one text for different purposes apart.
+    ///
+    /// The answer is `Err` when the host has no summarizer configured, when the call fails
+    /// or times out, and when the host predates this service (plugin-api 0.2.1): always
+    /// have a fallback (e.g. the text's first characters) and report the reason.
+    pub fn summarize(&self, text: &str, target_chars: usize, purpose: &str) -> Result<String, String> {
+        let Some(summarize) = self.services.summarize() else {
+            return Err(
+                "summarize is not available in this host (it needs a host built with plugin-api 0.2.1 \
+                 or newer)"
+                    .to_string(),
+            );
+        };
+        summarize(text.into(), target_chars as u64, purpose.into())
+            .into_result()
+            .map(RString::into_string)
+            .map_err(RString::into_string)
     }
 }
 

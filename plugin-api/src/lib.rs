@@ -61,6 +61,9 @@
 //! - Report what you did as [`Event`]s; log through [`Context::log`] (your plugin has its
 //!   own copy of `std` and `tracing`, so only this callback reaches the host's log).
 //! - Count tokens with [`Context::tokens`]: the host's real tokenizers, cached per message.
+//! - Ask the host for a summary with [`Context::summarize`] (no network or provider SDK in
+//!   a plugin); it may answer `Err` (no summarizer configured, a failed call, an older
+//!   host), so always have a fallback.
 //! - A panic is caught at the boundary and becomes an error; build with
 //!   `panic = "unwind"` (the default; `abort` is a compile error in [`export_plugin!`]).
 //!
@@ -94,7 +97,7 @@
 //!   release that added it, and a method on [`Context`] (or [`LoadContext`]) that reads it
 //!   through its accessor. The accessor returns `None` when the host's instance predates
 //!   the field; the method then answers "not available in this host" in the plugin's own
-//!   terms (an `Err`, a fallback).
+//!   terms (an `Err`, a fallback). Example: [`Context::summarize`], added in 0.2.1.
 //! - **An optional entry point**: a method appended to [`PluginInstance`](plugin::PluginInstance)
 //!   (after `on_model_switch`) **with a default body** — that body is what the host runs
 //!   for a plugin whose vtable predates the method —, the same method with a default on

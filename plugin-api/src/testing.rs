@@ -1,12 +1,13 @@
 //! Helpers for a plugin's own unit tests, without a host: a [`Context`] and a
 //! [`LoadContext`] with sensible values. Their services count every tokenizer as `chars4`
-//! (the real encodings live in the host) and drop log lines; end-to-end tests through the
-//! host use the real ones.
+//! (the real encodings live in the host), drop log lines and have no summarizer (so
+//! `summarize` answers `Err`, as in a host without one); end-to-end tests through the host
+//! use the real ones.
 
 use abi_stable::{
     prefix_type::WithMetadata,
     staticref,
-    std_types::{ROption, RStr, RVec},
+    std_types::{RErr, ROption, RResult, RStr, RString, RVec},
 };
 
 use crate::context::{Context, HostServices, HostServicesRef, LoadContext, LogLevel, ModelInfo, Tokenizer};
@@ -25,6 +26,10 @@ extern "C" fn chars4_content(_: Tokenizer, message: &Message) -> u64 {
 
 extern "C" fn discard(_: LogLevel, _: RStr<'_>) {}
 
+extern "C" fn no_summarizer(_: RStr<'_>, _: u64, _: RStr<'_>) -> RResult<RString, RString> {
+    RErr("no summarizer in plugin_api::testing".into())
+}
+
 /// Holds the test services' static instance.
 struct TestServices;
 
@@ -33,10 +38,12 @@ impl TestServices {
         count_text: chars4_text,
         count_content: chars4_content,
         log: discard,
+        summarize: no_summarizer,
     }));
 }
 
-/// Host services for unit tests: `chars4` counting for every tokenizer, log lines dropped.
+/// Host services for unit tests: `chars4` counting for every tokenizer, log lines dropped,
+/// no summarizer.
 pub const SERVICES: HostServicesRef = HostServicesRef(TestServices::INSTANCE.as_prefix());
 
 /// A test model with the given window in messages.
@@ -71,5 +78,19 @@ pub fn load_context(config_json: &str) -> LoadContext {
         agent_max_ctx: 200,
         models: RVec::from(vec![model(200)]),
         services: SERVICES,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_test_context_counts_chars4_and_has_no_summarizer() {
+        let ctx = super::context(10, 1);
+        assert_eq!(ctx.tokens().text(super::Tokenizer::O200kBase, "héllo"), 2);
+        ctx.log().info("dropped");
+        assert_eq!(
+            ctx.summarize("text", 2, "test"),
+            Err("no summarizer in plugin_api::testing".to_string())
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! Fixture plugins built by the tests: the fault-containment plugins of `tests/fixtures/`
-//! and plugins built against a *changed* `plugin-api` (another layout, another version).
+//! Fixture plugins built by the tests: the plugins of `tests/fixtures/` (fault containment,
+//! host services) and plugins built against a *changed* `plugin-api` (another layout,
+//! another version).
 //! They build into `target/fixtures`, their own target folder, so a test can run cargo
 //! while the outer `cargo test` holds the main one.
 
@@ -194,6 +195,21 @@ pub fn plugin_dir_with(libraries: &[&Path]) -> tempfile::TempDir {
     let default = library_file_name("default");
     std::fs::copy(plugin_dir().join(&default), dir.path().join(&default)).unwrap();
     for library in libraries {
+        std::fs::copy(library, dir.path().join(library.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+/// A temporary plugin folder holding every installed plugin (`target/plugins`) plus
+/// `libraries`.
+pub fn plugin_dir_with_installed(libraries: &[&Path]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let installed = history_host::loader::library_files(&plugin_dir()).unwrap();
+    for library in installed
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(libraries.iter().copied())
+    {
         std::fs::copy(library, dir.path().join(library.file_name().unwrap())).unwrap();
     }
     dir
