@@ -10,7 +10,8 @@
 //! [`check_versions`] refuses plugins built against a newer `plugin-api` than the host's.
 
 use abi_stable::abi_stability::abi_checking::{
-    check_layout_compatibility, AbiInstability, AbiInstabilityError, AbiInstabilityErrors,
+    check_layout_compatibility, check_layout_compatibility_with_globals, AbiInstability, AbiInstabilityError,
+    AbiInstabilityErrors, CheckingGlobals,
 };
 use abi_stable::sabi_types::VersionNumber;
 use abi_stable::type_layout::{TLFieldOrFunction, TypeLayout};
@@ -60,7 +61,10 @@ fn series(version: VersionNumber) -> String {
 /// An older plugin fails abi_stable's check in the host's direction with field-count
 /// differences only; the check the other way round (the plugin's layout as the interface,
 /// the host's as the implementation) then passes exactly when everything else matches,
-/// and it also runs abi_stable's global checks that the failed one skipped.
+/// and it also runs abi_stable's final checks that the failed one skipped. It runs on
+/// checking state of its own: abi_stable keeps, process-wide, one merged description per
+/// prefix type it has checked, and would compare every later plugin against the older
+/// plugin's copy — refusing the current ones.
 ///
 /// The root module is never allowed to differ: it is frozen, and its accessors panic on a
 /// missing field.
@@ -76,7 +80,7 @@ pub fn check_layout(
     if !errors.errors.iter().all(|e| e.errs.is_empty() || is_growth(e)) {
         return Err(errors);
     }
-    check_layout_compatibility(plugin, host)
+    check_layout_compatibility_with_globals(plugin, host, &CheckingGlobals::new())
 }
 
 /// Whether one type's differences are the host's copy of a prefix type having trailing
@@ -243,6 +247,20 @@ mod tests {
         let plugin = layout::<first::ModRef>();
         assert!(check_layout_compatibility(host, plugin).is_err());
         assert!(check_layout(host, plugin).is_ok());
+    }
+
+    #[test]
+    fn accepting_an_older_plugin_leaves_abi_stables_global_state_alone() {
+        // abi_stable merges the prefix types it checked into process-wide state; a plugin
+        // built against the host's own release, checked after an older one, must still pass.
+        for host in [
+            layout::<with_service::ModRef>(),
+            layout::<with_entry_point::ModRef>(),
+        ] {
+            assert!(check_layout(host, layout::<first::ModRef>()).is_ok());
+            assert!(check_layout_compatibility(host, host).is_ok());
+            assert!(check_layout(host, host).is_ok());
+        }
     }
 
     #[test]
