@@ -108,6 +108,10 @@
 //! - The root module ([`PluginMod`]) is frozen, even at its end: a host whose root module
 //!   grew would refuse every plugin built before it.
 //!
+//! The workspace's end-to-end tests keep a plugin built against the previous release (a
+//! snapshot of that release's source under `tests/fixtures/`) and run it beside the
+//! current plugins; with each release, the snapshot moves on to the one before it.
+//!
 //! ### Why the host checks layouts itself
 //!
 //! abi_stable assumes a library is at least as new as the interface it is loaded against.
