@@ -33,10 +33,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use history_bench::{generate, generate_messages, median, quantile, split_turns, to_json_text};
-use history_host::chain::stateless_context;
-use history_host::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
 use plugin_api::wire::parse_history;
-use plugin_api::{Message, ModelInfo, RArc, ROption, Tokenizer};
+use plugin_api::{Message, ModelInfo, RArc, Tokenizer};
 use serde_json::{json, Value};
 
 /// The full chain of SPEC §4.1, in order; the bench measures the part of it installed.
@@ -222,15 +222,10 @@ fn replay(bench: &Bench, history: &[Value]) -> Result<Replay> {
         let turn = index as u64 + 1;
         let started = Instant::now();
         let mut new_messages = new_messages;
-        for message in &mut new_messages {
-            // Not shared yet: stamped in place, as the session stamps what enters.
-            RArc::make_mut(message).meta_mut().turn_added = ROption::RSome(turn);
-        }
-        // The host's identities and turns for what enters (what Chain::run would derive
-        // for them), set while the messages are not shared yet: the copy of the input
-        // kept for the floor below would otherwise make the host copy each new message.
-        turns::assign_origins(&mut new_messages);
-        turns::derive_turns(&mut new_messages, turn);
+        // Stamped as a session stamps what enters, while the messages are not shared yet:
+        // the copy of the input kept for the floor below would otherwise make the host
+        // copy each new message.
+        turns::stamp_entering(&mut new_messages, turn, None);
         let mut input = previous;
         input.append(&mut new_messages);
         let appended = started.elapsed();
@@ -241,7 +236,8 @@ fn replay(bench: &Bench, history: &[Value]) -> Result<Replay> {
             .chain
             .run(input, &ctx, Call::Process)
             .map_err(|e| e.to_string())?;
-        previous = run.history;
+        // The working history is what a session keeps and appends the next turn to.
+        previous = run.working;
         per_turn.push(appended + started.elapsed());
     }
     Ok(Replay {
@@ -293,8 +289,7 @@ fn call_once(bench: &Bench, chain: &Chain, history: &[RArc<Message>], turn: u64)
 fn single_history(values: &[Value]) -> Result<(Vec<RArc<Message>>, u64)> {
     let mut history = parse(values)?;
     let turn = turns::current_turn(&history, None);
-    turns::assign_origins(&mut history);
-    turns::derive_turns(&mut history, turn);
+    turns::prepare(&mut history, turn);
     Ok((history, turn))
 }
 

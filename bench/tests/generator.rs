@@ -2,7 +2,7 @@
 //! tool-call units, realistic result sizes, text that tokenizes like real tool output.
 
 use history_bench::{generate, generate_messages, split_turns, to_json_text};
-use history_host::tokens::count_text;
+use history_engine::tokens::count_text;
 use plugin_api::structure::Faults;
 use plugin_api::wire::parse_history;
 use plugin_api::{Role, Tokenizer};

@@ -6,10 +6,10 @@
 
 use e2e_tests::TestConfig;
 use history_bench::{generate, split_turns, token_item_bytes};
-use history_host::chain::stateless_context;
-use history_host::{load_chain, tokens, turns, Call};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, tokens, turns, Call};
 use plugin_api::wire::parse_history;
-use plugin_api::{Message, RArc, ROption};
+use plugin_api::{Message, RArc};
 use serde_json::Value;
 
 #[test]
@@ -31,12 +31,8 @@ fn a_replay_counts_each_message_once_and_copies_none() {
         .enumerate()
     {
         let turn = index as u64 + 1;
-        for message in &mut new {
-            RArc::make_mut(message).meta_mut().turn_added = ROption::RSome(turn);
-        }
-        // Identities set while unshared, so `input` below can be kept for the comparison.
-        turns::assign_origins(&mut new);
-        turns::derive_turns(&mut new, turn);
+        // Stamped while unshared, so `input` below can be kept for the comparison.
+        turns::stamp_entering(&mut new, turn, None);
         let mut input = previous;
         input.extend(new);
         let kept_input = input.clone();
@@ -51,7 +47,7 @@ fn a_replay_counts_each_message_once_and_copies_none() {
                 "turn {turn}: an output message is a copy, not the input message shared"
             );
         }
-        previous = run.history;
+        previous = run.working;
     }
     assert!(
         trimmed_turns > 50,

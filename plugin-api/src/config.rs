@@ -123,17 +123,22 @@ impl ConfigTable {
         }
     }
 
-    /// One of the listed strings; returns its index in `choices`.
-    pub fn choice(&mut self, key: &str, choices: &[&str]) -> Result<Option<usize>, ConfigError> {
+    /// One of the listed strings, as the value paired with it:
+    /// `config.one_of("mode", &[("merge", Mode::Merge), ("drop", Mode::Drop)])?`.
+    /// Anything else is an error listing the choices.
+    pub fn one_of<T: Copy>(&mut self, key: &str, choices: &[(&str, T)]) -> Result<Option<T>, ConfigError> {
         let Some(value) = self.string(key)? else {
             return Ok(None);
         };
-        match choices.iter().position(|c| *c == value) {
-            Some(index) => Ok(Some(index)),
-            None => Err(ConfigError::new(
-                self.path(key),
-                format!("expected one of {}, found \"{value}\"", choices.join(", ")),
-            )),
+        match choices.iter().find(|(name, _)| *name == value) {
+            Some((_, choice)) => Ok(Some(*choice)),
+            None => {
+                let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+                Err(ConfigError::new(
+                    self.path(key),
+                    format!("expected one of {}, found \"{value}\"", names.join(", ")),
+                ))
+            }
         }
     }
 

@@ -107,6 +107,8 @@
 //!   refuses every plugin built before it.
 //! - The root module ([`PluginMod`]) is frozen, even at its end: a host whose root module
 //!   grew would refuse every plugin built before it.
+//! - Changes that cross nothing (helpers, [`wire`], [`structure`], [`naming`], docs) are
+//!   patch releases too.
 //!
 //! The workspace's end-to-end tests keep a plugin built against the previous release (a
 //! snapshot of that release's source under `tests/fixtures/`) and run it beside the
@@ -130,6 +132,7 @@ pub mod config;
 pub mod context;
 pub mod event;
 pub mod message;
+pub mod naming;
 pub mod plugin;
 pub mod structure;
 pub mod testing;
@@ -149,6 +152,15 @@ pub use message::{
 pub use plugin::{
     ConfigKey, Description, HistoryPlugin, PluginBox, PluginInstance_TO, PluginMod, PluginModRef,
 };
+
+/// The per-message overhead of the token formula (`per_message_tokens + Σ tokens(item)`)
+/// when nothing else is configured: what the host counts histories with, and every
+/// plugin's default.
+pub const DEFAULT_PER_MESSAGE_TOKENS: u64 = 3;
+
+/// The default content of a placeholder: an omitted tool result, an emptied message, a
+/// result added for a call that had none. Byte-stable, so the sent prefix stays cacheable.
+pub const DEFAULT_PLACEHOLDER: &str = "[Omitted]";
 
 /// The `abi_stable` this crate was built with, for the host's loader.
 pub use abi_stable;

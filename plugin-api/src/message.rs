@@ -271,6 +271,31 @@ impl Metadata {
     pub fn omitted(&self) -> bool {
         is_true(&self.omitted)
     }
+    /// `expanded: true`: the agent asked for this message's original content, so no
+    /// plugin omits, compacts, expires or prunes it again. (Kept as a verbatim member
+    /// rather than a typed field, so the flag needs no change of the ABI layout.)
+    pub fn expanded(&self) -> bool {
+        self.extra
+            .iter()
+            .any(|m| m.key.as_str() == "expanded" && m.json.as_str() == "true")
+    }
+    /// `can_expand: true` and `original_content` (unless an earlier one is there: that is
+    /// the real original).
+    fn keep_original(&mut self, content: &Content) {
+        self.can_expand = ROption::RSome(true);
+        if self.original_content.is_none() {
+            self.original_content = ROption::RSome(content.clone());
+        }
+    }
+
+    /// Sets `expanded: true`, replacing any earlier `expanded` member.
+    pub fn set_expanded(&mut self) {
+        self.extra.retain(|m| m.key.as_str() != "expanded");
+        self.extra.push(Member {
+            key: "expanded".into(),
+            json: "true".into(),
+        });
+    }
 }
 
 /// Token counts remembered on a message, one slot per tokenizer (0 = not counted yet,
@@ -404,6 +429,75 @@ impl Message {
         message
     }
 
+    /// A changed copy of this message whose content is `placeholder`, marked as a
+    /// placeholder (`omitted: true`, `tokens_saved`) so nothing replaces, expires or
+    /// prunes it again; its `retention_policy` goes with the parts it described. With
+    /// `keep_original` it also gets `can_expand: true` and `original_content` (an earlier
+    /// `original_content` is kept: it is the real original that expansion restores).
+    pub fn omitted_copy(&self, placeholder: &str, tokens_saved: i64, keep_original: bool) -> Message {
+        let mut copy = self.clone();
+        copy.content = Content::Text(placeholder.into());
+        let meta = copy.meta_mut();
+        meta.omitted = ROption::RSome(true);
+        meta.tokens_saved = ROption::RSome(tokens_saved);
+        meta.retention_policy = ROption::RNone;
+        if keep_original {
+            meta.keep_original(&self.content);
+        }
+        copy
+    }
+
+    /// A changed copy of this message whose content is `text`, the compaction of content
+    /// `original_length` characters long: `was_compacted` and `is_expired` set,
+    /// `original_length`, `tokens_saved` (from `tokens_saved(&copy)`: the caller counts
+    /// the copy's tokens), no `retention_policy`; with `keep_original` also `can_expand`
+    /// and `original_content`, as [`Message::omitted_copy`].
+    pub fn compacted_copy(
+        &self,
+        text: String,
+        original_length: u64,
+        keep_original: bool,
+        tokens_saved: impl FnOnce(&Message) -> i64,
+    ) -> Message {
+        let mut copy = self.clone();
+        copy.content = Content::Text(text.into());
+        let saved = tokens_saved(&copy);
+        let meta = copy.meta_mut();
+        meta.was_compacted = ROption::RSome(true);
+        meta.is_expired = ROption::RSome(true);
+        meta.original_length = ROption::RSome(original_length);
+        meta.tokens_saved = ROption::RSome(saved);
+        meta.retention_policy = ROption::RNone;
+        if keep_original {
+            meta.keep_original(&self.content);
+        }
+        copy
+    }
+
+    /// A changed copy of this message with its original content restored: what
+    /// expansion makes. `None` when the message cannot be expanded (no `can_expand`, or
+    /// no `original_content`). The flags that said it was shortened become `false`,
+    /// `original_content` goes, and `expanded: true` is set, so no plugin shortens it again.
+    pub fn restored_copy(&self) -> Option<Message> {
+        let meta = self.meta()?;
+        if !meta.can_expand() {
+            return None;
+        }
+        let original = meta.original_content.as_ref().into_option()?.clone();
+        let mut copy = self.clone();
+        copy.content = original;
+        let meta = copy.meta_mut();
+        meta.was_compacted = ROption::RSome(false);
+        meta.omitted = ROption::RSome(false);
+        meta.can_expand = ROption::RSome(false);
+        meta.original_content = ROption::RNone;
+        // A member kept verbatim under the same key would come back on the wire once the
+        // typed field is gone.
+        meta.extra.retain(|m| m.key.as_str() != "original_content");
+        meta.set_expanded();
+        Some(copy)
+    }
+
     /// The host-assigned identity shared by a message and its changed copies
     /// (0 for a message the host has not seen).
     pub fn origin(&self) -> u64 {
@@ -455,6 +549,11 @@ impl Message {
     pub fn is_shortened(&self) -> bool {
         self.meta()
             .is_some_and(|m| m.omitted() || m.was_compacted() || m.is_expired())
+    }
+
+    /// True when `metadata.expanded` is `true`: expanded on purpose, never shortened again.
+    pub fn is_expanded(&self) -> bool {
+        self.meta().is_some_and(|m| m.expanded())
     }
 
     /// An assistant message with at least one tool call.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use history_host::loader::library_file_name;
+use history_engine::library_file_name;
 
 use crate::{plugin_dir, target_dir, workspace_root};
 
@@ -66,7 +66,7 @@ pub enum ApiChange {
 
 /// The `plugin-api` version a copy changed by `change` claims.
 pub fn changed_api_version(change: ApiChange) -> String {
-    let current = history_host::loader::host_api_version();
+    let current = history_engine::host_api_version();
     let parts: Vec<u64> = current.split('.').map(|p| p.parse().unwrap()).collect();
     let [major, minor, patch] = parts[..] else {
         panic!("plugin-api version {current} is not x.y.z")
@@ -99,7 +99,7 @@ pub fn plugin_built_against_changed_api(change: ApiChange) -> PathBuf {
         ),
         ApiChange::Version | ApiChange::NewerPatch => patch(
             &api.join("Cargo.toml"),
-            &format!("version = \"{}\"", history_host::loader::host_api_version()),
+            &format!("version = \"{}\"", history_engine::host_api_version()),
             &format!("version = \"{}\"", changed_api_version(change)),
         ),
     }
@@ -204,7 +204,11 @@ pub fn plugin_dir_with(libraries: &[&Path]) -> tempfile::TempDir {
 /// `libraries`.
 pub fn plugin_dir_with_installed(libraries: &[&Path]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let installed = history_host::loader::library_files(&plugin_dir()).unwrap();
+    let installed: Vec<PathBuf> = std::fs::read_dir(plugin_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| history_engine::plugin_stem(path).is_some())
+        .collect();
     for library in installed
         .iter()
         .map(PathBuf::as_path)

@@ -12,8 +12,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use history_host::chain::stateless_context;
-use history_host::{load_chain, Call, ChainRun, PluginFailure};
+use history_engine::chain::stateless_context;
+use history_engine::{load_chain, Call, ChainRun, PluginFailure};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -34,8 +34,7 @@ pub fn target_dir() -> PathBuf {
 pub fn plugin_dir() -> PathBuf {
     let dir = target_dir().join("plugins");
     assert!(
-        dir.join(history_host::loader::library_file_name("default"))
-            .exists(),
+        dir.join(history_engine::library_file_name("default")).exists(),
         "{} has no plugins: run the tests with `cargo xtask test` (or `cargo xtask build` first)",
         dir.display()
     );
@@ -83,16 +82,16 @@ pub fn agentctl(config: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     run_with_stdin(command, "")
 }
 
-/// `../shared/data/real/`: real agent conversations.
+/// `tests/data/real/`: real agent conversations written by others (see its SOURCES.md).
 pub fn real_data_dir() -> PathBuf {
-    workspace_root().join("../shared/data/real")
+    workspace_root().join("tests/data/real")
 }
 
 /// Every real conversation: (name, JSON array text). `.jsonl` files give one per line.
 pub fn real_conversations() -> Vec<(String, String)> {
     let mut conversations = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(real_data_dir())
-        .expect("../shared/data/real")
+        .expect("tests/data/real")
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
@@ -145,7 +144,7 @@ impl TestConfig {
     pub fn run(&self, model: &str, history_json: &str, turn: Option<u64>) -> Result<ChainRun, PluginFailure> {
         let (config, _catalog, chain) = load_chain(&self.path).unwrap_or_else(|e| panic!("{e}"));
         let history = plugin_api::wire::history_from_str(history_json).unwrap();
-        let turn = history_host::turns::current_turn(&history, turn);
+        let turn = history_engine::turns::current_turn(&history, turn);
         let ctx = stateless_context(&config, config.model(model), turn);
         chain.run(history, &ctx, Call::Process)
     }
@@ -163,7 +162,7 @@ impl TestConfig {
         let (config, _catalog, chain) = load_chain(&self.path).unwrap_or_else(|e| panic!("{e}"));
         let history = plugin_api::wire::history_from_str(history_json).unwrap();
         let previous = plugin_api::wire::history_from_str(previous_json).unwrap();
-        let turn = history_host::turns::current_turn(&history, None);
+        let turn = history_engine::turns::current_turn(&history, None);
         let ctx = stateless_context(&config, config.model(model), turn);
         chain.run_compared(history, &ctx, Call::Process, Some(&previous))
     }

@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{workspace_root, Result};
+use plugin_api::naming::{is_plugin_name, STEM_PREFIX};
+
+use crate::Result;
 
 fn camel_case(name: &str) -> String {
     name.split('_')
@@ -17,20 +19,42 @@ fn camel_case(name: &str) -> String {
         .collect()
 }
 
-fn is_plugin_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+/// The workspace's `[workspace.package]` table, if it has one.
+fn workspace_package(root: &Path) -> Option<toml_edit::Table> {
+    let text = std::fs::read_to_string(root.join("Cargo.toml")).ok()?;
+    let document: toml_edit::DocumentMut = text.parse().ok()?;
+    document.get("workspace")?.get("package")?.as_table().cloned()
 }
 
-/// Creates the crate: in `plugins/NAME` as a workspace member, or standalone in `dir`.
-pub fn new_plugin(name: &str, dir: Option<&Path>) -> Result<PathBuf> {
+/// The `[package]` lines that set the edition and license: a member inherits each the
+/// workspace sets, like the shipped plugins; a standalone crate states the workspace's
+/// edition (2021 if it has none).
+fn package_settings(root: &Path, standalone: bool) -> String {
+    let shared = workspace_package(root).unwrap_or_default();
+    let edition = shared.get("edition").and_then(|e| e.as_str()).unwrap_or("2021");
+    if standalone {
+        return format!("edition = \"{edition}\"");
+    }
+    let mut lines = Vec::new();
+    lines.push(if shared.contains_key("edition") {
+        "edition.workspace = true".to_string()
+    } else {
+        format!("edition = \"{edition}\"")
+    });
+    if shared.contains_key("license") {
+        lines.push("license.workspace = true".to_string());
+    }
+    lines.join("\n")
+}
+
+/// Creates the crate: in `plugins/NAME` of the workspace at `root` as a member, or
+/// standalone in `dir` (depending on `root`'s plugin-api by path).
+pub fn new_plugin(root: &Path, name: &str, dir: Option<&Path>) -> Result<PathBuf> {
     if !is_plugin_name(name) {
         return Err(format!(
             "\"{name}\" is not a plugin name: use lowercase letters, digits and _, starting with a letter"
         ));
     }
-    let root = workspace_root();
     let (crate_dir, standalone) = match dir {
         Some(dir) => (dir.to_path_buf(), true),
         None => (root.join("plugins").join(name), false),
@@ -41,20 +65,21 @@ pub fn new_plugin(name: &str, dir: Option<&Path>) -> Result<PathBuf> {
     std::fs::create_dir_all(crate_dir.join("src"))
         .map_err(|e| format!("cannot create {}: {e}", crate_dir.display()))?;
 
-    let api = root.join("plugin-api");
     let (api_path, workspace_table) = if standalone {
+        let api = root.join("plugin-api").display().to_string();
         (
-            api.display().to_string(),
+            toml_edit::Value::from(api).to_string(),
             "\n# Not a member of the history-host workspace.\n[workspace]\n",
         )
     } else {
-        ("../../plugin-api".to_string(), "")
+        ("\"../../plugin-api\"".to_string(), "")
     };
+    let package_settings = package_settings(root, standalone);
     let manifest = format!(
         r#"[package]
-name = "history_plugin_{name}"
+name = "{STEM_PREFIX}{name}"
 version = "0.1.0"
-edition = "2021"
+{package_settings}
 description = "The {name} history plugin"
 
 [lib]
@@ -62,7 +87,7 @@ description = "The {name} history plugin"
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-plugin-api = {{ path = "{api_path}" }}
+plugin-api = {{ path = {api_path} }}
 {workspace_table}"#
     );
     let source = LIB_TEMPLATE
@@ -71,7 +96,7 @@ plugin-api = {{ path = "{api_path}" }}
     write(&crate_dir.join("Cargo.toml"), &manifest)?;
     write(&crate_dir.join("src/lib.rs"), &source)?;
     if !standalone {
-        add_workspace_member(&root, &format!("plugins/{name}"))?;
+        add_workspace_member(root, &format!("plugins/{name}"))?;
     }
     Ok(crate_dir)
 }
@@ -158,3 +183,100 @@ mod tests {
     }
 }
 "##;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workspace(edition: &str) -> tempfile::TempDir {
+        let temp = tempfile::tempdir().unwrap();
+        let manifest = format!(
+            "[workspace]\nmembers = [\n    \"plugin-api\",\n    \"xtask\",\n]\n\n[workspace.package]\nedition = \"{edition}\"\nlicense = \"MIT\"\n"
+        );
+        std::fs::write(temp.path().join("Cargo.toml"), manifest).unwrap();
+        temp
+    }
+
+    fn manifest(crate_dir: &Path) -> toml_edit::DocumentMut {
+        std::fs::read_to_string(crate_dir.join("Cargo.toml"))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_member_inherits_the_workspace_edition_and_is_added_to_the_members() {
+        let root = workspace("2021");
+        let crate_dir = new_plugin(root.path(), "probe", None).unwrap();
+        assert_eq!(crate_dir, root.path().join("plugins/probe"));
+        let package = &manifest(&crate_dir)["package"];
+        assert_eq!(package["name"].as_str(), Some("history_plugin_probe"));
+        assert_eq!(
+            package["edition"]["workspace"].as_bool(),
+            Some(true),
+            "edition.workspace = true"
+        );
+        assert_eq!(package["license"]["workspace"].as_bool(), Some(true));
+        let dependency = &manifest(&crate_dir)["dependencies"]["plugin-api"];
+        assert_eq!(dependency["path"].as_str(), Some("../../plugin-api"));
+        assert!(manifest(&crate_dir).get("workspace").is_none());
+
+        let members: Vec<String> = manifest(root.path())["workspace"]["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(members, ["plugin-api", "xtask", "plugins/probe"]);
+        let source = std::fs::read_to_string(crate_dir.join("src/lib.rs")).unwrap();
+        assert!(source.contains("pub struct Probe {"));
+        assert!(source.contains("const NAME: &'static str = \"probe\";"));
+    }
+
+    #[test]
+    fn a_standalone_crate_states_the_workspace_edition_and_is_its_own_workspace() {
+        let root = workspace("2024");
+        let elsewhere = tempfile::tempdir().unwrap();
+        let crate_dir = elsewhere.path().join("my_probe");
+        new_plugin(root.path(), "my_probe", Some(&crate_dir)).unwrap();
+        let document = manifest(&crate_dir);
+        assert_eq!(document["package"]["edition"].as_str(), Some("2024"));
+        assert!(document["workspace"].is_table(), "a [workspace] of its own");
+        let api = root.path().join("plugin-api").display().to_string();
+        assert_eq!(
+            document["dependencies"]["plugin-api"]["path"].as_str(),
+            Some(api.as_str())
+        );
+        assert!(
+            !manifest(root.path()).to_string().contains("my_probe"),
+            "the workspace is not changed"
+        );
+        assert!(!root.path().join("plugins").exists());
+    }
+
+    #[test]
+    fn a_member_states_what_the_workspace_does_not_set() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(
+            root.path().join("Cargo.toml"),
+            "[workspace]\nmembers = [\"xtask\"]\n",
+        )
+        .unwrap();
+        let crate_dir = new_plugin(root.path(), "probe", None).unwrap();
+        let package = &manifest(&crate_dir)["package"];
+        assert_eq!(package["edition"].as_str(), Some("2021"));
+        assert!(package.get("license").is_none());
+    }
+
+    #[test]
+    fn names_that_are_not_plugin_names_and_existing_crates_are_refused() {
+        let root = workspace("2021");
+        for name in ["../evil", "Upper", "with-dash", ""] {
+            let error = new_plugin(root.path(), name, None).unwrap_err();
+            assert!(error.contains("is not a plugin name"), "{error}");
+        }
+        new_plugin(root.path(), "twice", None).unwrap();
+        let error = new_plugin(root.path(), "twice", None).unwrap_err();
+        assert!(error.contains("already has a Cargo.toml"), "{error}");
+    }
+}

@@ -20,8 +20,8 @@ use plugin_api::{
     HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
 };
 
-/// §5.2's default per-message overhead, as the host counts a history's tokens.
-const PER_MESSAGE_TOKENS: u64 = 3;
+// §5.2's default per-message overhead, as the host counts a history's tokens.
+use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 /// Expiration settings, every field optional; merged field by field (§5.5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,20 +54,23 @@ impl Settings {
 
     /// Reads `turns`, `mode`, `compact_mode`, `compact_length` from a config table.
     fn read(table: &mut ConfigTable) -> Result<Settings, ConfigError> {
-        const MODES: [ExpirationMode; 3] = [
-            ExpirationMode::None,
-            ExpirationMode::Remove,
-            ExpirationMode::Compact,
-        ];
-        const COMPACT_MODES: [CompactMode; 2] = [CompactMode::FirstNChars, CompactMode::AiSummary];
         Ok(Settings {
             turns: table.u64("turns")?,
-            mode: table
-                .choice("mode", &["none", "remove", "compact"])?
-                .map(|i| MODES[i]),
-            compact_mode: table
-                .choice("compact_mode", &["first_n_chars", "ai_summary"])?
-                .map(|i| COMPACT_MODES[i]),
+            mode: table.one_of(
+                "mode",
+                &[
+                    ("none", ExpirationMode::None),
+                    ("remove", ExpirationMode::Remove),
+                    ("compact", ExpirationMode::Compact),
+                ],
+            )?,
+            compact_mode: table.one_of(
+                "compact_mode",
+                &[
+                    ("first_n_chars", CompactMode::FirstNChars),
+                    ("ai_summary", CompactMode::AiSummary),
+                ],
+            )?,
             compact_length: table.u64("compact_length")?,
         })
     }
@@ -125,13 +128,7 @@ impl Retention {
     /// A placeholder copy of `message`: content replaced, policy gone, marked `omitted` so
     /// nothing expires or replaces it again.
     fn placeholder(&self, message: &Message, tokens_saved: i64) -> Message {
-        let mut copy = message.clone();
-        copy.content = Content::Text(self.placeholder.as_str().into());
-        let meta = copy.meta_mut();
-        meta.omitted = ROption::RSome(true);
-        meta.tokens_saved = ROption::RSome(tokens_saved);
-        meta.retention_policy = ROption::RNone;
-        copy
+        message.omitted_copy(&self.placeholder, tokens_saved, false)
     }
 
     /// The expiration settings of a message, or `None` when it never expires.
@@ -200,7 +197,7 @@ impl HistoryPlugin for Retention {
         let preserve_original = config.bool("preserve_original")?.unwrap_or(true);
         let placeholder = config
             .string("placeholder")?
-            .unwrap_or_else(|| "[Omitted]".to_string());
+            .unwrap_or_else(|| plugin_api::DEFAULT_PLACEHOLDER.to_string());
         let mut tools = HashMap::new();
         for (name, mut table) in config.tables("tools")? {
             let settings = Settings::read(&mut table)?;
@@ -254,7 +251,8 @@ impl HistoryPlugin for Retention {
             idx += 1;
             // A placeholder is final (§5.5: nothing replaces it again); it still carries
             // a policy here only if something else left one, and it still counts.
-            if message.meta().is_some_and(|m| m.omitted()) {
+            // An expanded message was asked for on purpose: never pruned again.
+            if message.meta().is_some_and(|m| m.omitted() || m.expanded()) {
                 continue;
             }
             let parts = message.content.part_count();
@@ -349,7 +347,10 @@ impl HistoryPlugin for Retention {
         let mut summaries_wanted = 0usize;
         for (index, slot) in slots.iter_mut().enumerate() {
             let Slot::Keep(message) = slot else { continue };
-            if !matches!(message.role, Role::User | Role::Tool) || message.is_shortened() {
+            if !matches!(message.role, Role::User | Role::Tool)
+                || message.is_shortened()
+                || message.is_expanded()
+            {
                 continue;
             }
             let tool = tool_name(history, &answers, index);
@@ -402,25 +403,10 @@ impl HistoryPlugin for Retention {
                         continue;
                     };
                     let before = content_tokens(ctx, tokenizer, message);
-                    let mut copy = (**message).clone();
-                    copy.content = Content::Text(text.into());
-                    let saved = before - content_tokens(ctx, tokenizer, &copy);
-                    let original_content = message.content.clone();
-                    let preserve = self.preserve_original;
-                    let meta = copy.meta_mut();
-                    meta.was_compacted = ROption::RSome(true);
-                    meta.is_expired = ROption::RSome(true);
-                    meta.original_length = ROption::RSome(total);
-                    meta.tokens_saved = ROption::RSome(saved);
-                    meta.retention_policy = ROption::RNone;
-                    if preserve {
-                        meta.can_expand = ROption::RSome(true);
-                        // An existing original (from an earlier omission or compaction)
-                        // is the real original: keep it so expansion restores that.
-                        if meta.original_content.is_none() {
-                            meta.original_content = ROption::RSome(original_content);
-                        }
-                    }
+                    let copy = message.compacted_copy(text, total, self.preserve_original, |copy| {
+                        before - content_tokens(ctx, tokenizer, copy)
+                    });
+                    let saved = copy.meta().map_or(0, |m| m.tokens_saved.unwrap_or(0));
                     events.push(
                         Event::new(
                             EventKind::MessageCompacted,

@@ -24,11 +24,11 @@ use plugin_api::{
     Output, Part, RArc, ROption, RVec, Role,
 };
 
-/// SPEC §5.2's per-message overhead, used for the tokens saved by a removal.
-const PER_MESSAGE_TOKENS: u64 = 3;
+// SPEC §5.2's per-message overhead, used for the tokens saved by a removal.
+use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 /// The placeholder content of a result made for a call that had none.
-pub const DEFAULT_PLACEHOLDER: &str = "[Omitted]";
+pub use plugin_api::DEFAULT_PLACEHOLDER;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -417,10 +417,9 @@ impl HistoryPlugin for RolePair {
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
         let mut config = ConfigTable::parse(&load.config_json)?;
-        let mode = match config.choice("mode", &["merge", "drop"])? {
-            Some(1) => Mode::Drop,
-            _ => Mode::Merge,
-        };
+        let mode = config
+            .one_of("mode", &[("merge", Mode::Merge), ("drop", Mode::Drop)])?
+            .unwrap_or(Mode::Merge);
         let placeholder = config
             .string("placeholder")?
             .unwrap_or_else(|| DEFAULT_PLACEHOLDER.to_string());

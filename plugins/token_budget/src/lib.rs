@@ -8,7 +8,7 @@
 //! unchanged. With `target_tokens` the cut is quantized so it stays put for many turns and
 //! the provider's prompt cache survives.
 //!
-//! Tokens are counted by the host (`ctx.tokens`), which remembers each message's count on
+//! Tokens are counted by the host (`ctx.tokens()`), which remembers each message's count on
 //! the message: a long conversation is not re-tokenized every turn.
 
 use history_trim::{Pins, Window};
@@ -20,9 +20,7 @@ use plugin_api::{
 /// `reserve_tokens` when the config does not set it (SPEC §5.2).
 pub const DEFAULT_RESERVE_TOKENS: u64 = 4096;
 /// `per_message_tokens` when the config does not set it (SPEC §5.2).
-pub const DEFAULT_PER_MESSAGE_TOKENS: u64 = 3;
-
-const TOKENIZERS: [&str; 3] = ["o200k_base", "cl100k_base", "chars4"];
+pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS;
 
 pub struct TokenBudget {
     pins: Pins,
@@ -147,9 +145,7 @@ impl HistoryPlugin for TokenBudget {
         let per_message_tokens = config
             .u64("per_message_tokens")?
             .unwrap_or(DEFAULT_PER_MESSAGE_TOKENS);
-        let tokenizer = config
-            .choice("tokenizer", &TOKENIZERS)?
-            .and_then(|i| Tokenizer::parse(TOKENIZERS[i]));
+        let tokenizer = config.one_of("tokenizer", &Tokenizer::ALL.map(|t| (t.as_str(), t)))?;
         let pins = Pins {
             system: config.bool("pin_system")?.unwrap_or(true),
             first_user: config.bool("pin_first_user")?.unwrap_or(true),

@@ -11,11 +11,11 @@ use std::collections::{HashMap, HashSet};
 use plugin_api::structure::{answered_calls, tool_name};
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
-    Output, RArc, ROption,
+    Output, RArc,
 };
 
-/// §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
-const PER_MESSAGE_TOKENS: u64 = 3;
+// §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
+use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -38,11 +38,13 @@ pub struct ToolResultFilter {
 
 impl ToolResultFilter {
     /// Whether the result at `index` takes part at all: not already a placeholder, not
-    /// of an excluded tool, and longer than `min_chars`. Results that do not take part are
+    /// expanded, not of an excluded tool, and longer than `min_chars`. Results that do not take part are
     /// never replaced and do not count toward `keep`.
     fn counted(&self, history: &[RArc<Message>], answers: &[Option<usize>], index: usize) -> bool {
         let message = &history[index];
-        if message.meta().is_some_and(|m| m.omitted()) {
+        // An expanded result was asked for on purpose: it keeps its content and does not
+        // push another result out of `keep`.
+        if message.meta().is_some_and(|m| m.omitted() || m.expanded()) {
             return false;
         }
         // A result that already is exactly the placeholder (e.g. role_pair's result for a
@@ -78,23 +80,7 @@ impl ToolResultFilter {
     /// lifecycle metadata of §5.4, and no `retention_policy` (the parts it described are
     /// gone, and a policy of the wrong length would only draw warnings from `retention`).
     fn placeholder_for(&self, message: &Message, tokens_saved: i64) -> Message {
-        let mut copy = message.clone();
-        copy.content = Content::Text(self.placeholder.as_str().into());
-        let original = message.content.clone();
-        let preserve = self.preserve_original;
-        let meta = copy.meta_mut();
-        meta.omitted = ROption::RSome(true);
-        meta.tokens_saved = ROption::RSome(tokens_saved);
-        meta.retention_policy = ROption::RNone;
-        if preserve {
-            meta.can_expand = ROption::RSome(true);
-            // An earlier compaction's original is the real original: expansion must
-            // restore that, not the compacted text.
-            if meta.original_content.is_none() {
-                meta.original_content = ROption::RSome(original);
-            }
-        }
-        copy
+        message.omitted_copy(&self.placeholder, tokens_saved, self.preserve_original)
     }
 }
 
@@ -138,26 +124,38 @@ impl HistoryPlugin for ToolResultFilter {
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
         let mut config = ConfigTable::parse(&load.config_json)?;
-        let strategy = config.choice("strategy", &["keep_last", "drop_all", "keep_all"])?;
+        #[derive(Clone, Copy)]
+        enum Name {
+            KeepLast,
+            DropAll,
+            KeepAll,
+        }
+        let strategy = config.one_of(
+            "strategy",
+            &[
+                ("keep_last", Name::KeepLast),
+                ("drop_all", Name::DropAll),
+                ("keep_all", Name::KeepAll),
+            ],
+        )?;
         let keep = config.u64("keep")?;
-        let strategy = match strategy.unwrap_or(0) {
-            0 => Strategy::KeepLast(usize::try_from(keep.unwrap_or(4)).unwrap_or(usize::MAX)),
+        let strategy = match strategy.unwrap_or(Name::KeepLast) {
+            Name::KeepLast => Strategy::KeepLast(usize::try_from(keep.unwrap_or(4)).unwrap_or(usize::MAX)),
             other => {
                 // `keep` left over from an earlier keep_last is harmless: say so rather
                 // than refuse the whole configuration.
                 if keep.is_some() {
                     load.log().warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
                 }
-                if other == 1 {
-                    Strategy::DropAll
-                } else {
-                    Strategy::KeepAll
+                match other {
+                    Name::DropAll => Strategy::DropAll,
+                    _ => Strategy::KeepAll,
                 }
             }
         };
         let placeholder = config
             .string("placeholder")?
-            .unwrap_or_else(|| "[Omitted]".to_string());
+            .unwrap_or_else(|| plugin_api::DEFAULT_PLACEHOLDER.to_string());
         let exclude_tools = config
             .strings("exclude_tools")?
             .unwrap_or_default()

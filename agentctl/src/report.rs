@@ -1,0 +1,302 @@
+//! `agentctl`'s reports rendered: `history-list` (the configuration as the host reads
+//! it), `plugins` and `check` (the engine's self-check). Each is a text rendering and a
+//! JSON one (`--json`).
+
+use std::fmt::Write;
+
+use history_engine::selfcheck::{CheckReport, LibraryStatus};
+use history_engine::{Catalog, Config, DiscoveryError, PluginLibrary};
+use serde_json::{json, Value};
+
+/// `history-list`: the chain in order with each plugin's summary, the settings, the
+/// models with their window, and the available plugins not in the chain.
+pub fn history_list(config: &Config, catalog: &Result<Catalog, DiscoveryError>) -> (String, Value) {
+    let describe = |name: &str| -> (Option<String>, Option<String>) {
+        match catalog {
+            Ok(catalog) => match catalog.plugins.get(name) {
+                Some(library) => (Some(library.description.summary.to_string()), None),
+                None => match catalog.refusal_for(name) {
+                    Some(refusal) => (None, Some(format!("cannot be loaded: {}", refusal.reason))),
+                    None => (
+                        None,
+                        Some(format!("not available in {}", config.plugin_dir.display())),
+                    ),
+                },
+            },
+            Err(err) => (None, Some(err.to_string())),
+        }
+    };
+    let mut text = String::new();
+    let _ = writeln!(text, "config: {}", config.file.display());
+    let _ = writeln!(text, "plugin_dir: {}", config.plugin_dir.display());
+    let width = config
+        .chain
+        .iter()
+        .chain(&config.view)
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    let mut list = |title: &str, names: &[String]| {
+        let _ = writeln!(text, "{title}");
+        if names.is_empty() {
+            let _ = writeln!(text, "  (none)");
+        }
+        let mut entries = Vec::new();
+        for (position, name) in names.iter().enumerate() {
+            let (summary, problem) = describe(name);
+            let shown = match (&summary, &problem) {
+                (Some(summary), _) => summary.clone(),
+                (None, Some(problem)) => format!("(!) {problem}"),
+                (None, None) => String::new(),
+            };
+            let _ = writeln!(text, "  {position}  {name:<width$}  {shown}");
+            entries.push(json!({
+                "position": position,
+                "name": name,
+                "description": summary,
+                "available": problem.is_none(),
+                "problem": problem,
+            }));
+        }
+        entries
+    };
+    let chain_json = list("chain:", &config.chain);
+    let view_json = list(
+        "view (run after the chain on what is sent; not kept):",
+        &config.view,
+    );
+    let timeout = match config.session_idle_timeout_minutes {
+        0 => "0 (never reap)".to_string(),
+        m => m.to_string(),
+    };
+    let _ = writeln!(text, "agent_max_ctx: {}", config.agent_max_ctx);
+    let _ = writeln!(text, "max_users: {}", config.max_users);
+    let _ = writeln!(text, "session_idle_timeout_minutes: {timeout}");
+    let _ = writeln!(text, "on_plugin_error: {}", config.on_plugin_error.as_str());
+    let _ = writeln!(text, "models:");
+    let mut models_json = Vec::new();
+    let models = config.models_for_validation();
+    let width = models.iter().map(|m| m.name.len()).max().unwrap_or(0);
+    for model in &models {
+        let listed = config
+            .models
+            .iter()
+            .any(|(n, _)| n.as_str() == model.name.as_str());
+        let _ = writeln!(
+            text,
+            "  {:<width$}  effective_ctx {:>4}  (max_context {}, context_tokens {}, tokenizer {}){}",
+            model.name.as_str(),
+            model.effective_ctx,
+            model.max_context,
+            model.context_tokens,
+            model.tokenizer.as_str(),
+            if listed {
+                ""
+            } else {
+                "  [built-in default: what an unlisted model gets]"
+            }
+        );
+        models_json.push(json!({
+            "name": model.name.as_str(),
+            "effective_ctx": model.effective_ctx,
+            "max_context": model.max_context,
+            "context_tokens": model.context_tokens,
+            "tokenizer": model.tokenizer.as_str(),
+            "listed": listed,
+        }));
+    }
+    let mut available_json = Vec::new();
+    match catalog {
+        Ok(catalog) => {
+            let others: Vec<&PluginLibrary> = catalog
+                .plugins
+                .values()
+                .filter(|library| {
+                    !config.chain.contains(&library.name) && !config.view.contains(&library.name)
+                })
+                .collect();
+            if others.is_empty() {
+                let _ = writeln!(text, "available, not in the chain: none");
+            } else {
+                let _ = writeln!(text, "available, not in the chain:");
+                let width = others.iter().map(|l| l.name.len()).max().unwrap_or(0);
+                for library in others {
+                    let _ = writeln!(
+                        text,
+                        "  {:<width$}  {}",
+                        library.name,
+                        library.description.summary.as_str()
+                    );
+                    available_json.push(json!({
+                        "name": library.name,
+                        "version": library.version,
+                        "description": library.description.summary.as_str(),
+                    }));
+                }
+            }
+        }
+        Err(err) => {
+            let _ = writeln!(text, "available, not in the chain: unknown ({err})");
+        }
+    }
+    let json = json!({
+        "config": config.file.display().to_string(),
+        "plugin_dir": config.plugin_dir.display().to_string(),
+        "chain": chain_json,
+        "view": view_json,
+        "agent_max_ctx": config.agent_max_ctx,
+        "max_users": config.max_users,
+        "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
+        "on_plugin_error": config.on_plugin_error.as_str(),
+        "models": models_json,
+        "available": available_json,
+        "discovery_error": catalog.as_ref().err().map(|e| e.to_string()),
+    });
+    (text, json)
+}
+
+/// `plugins` as text and JSON.
+pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, Value) {
+    let mut text = String::new();
+    let _ = writeln!(text, "plugin_dir: {}", config.plugin_dir.display());
+    if statuses.is_empty() {
+        let _ = writeln!(
+            text,
+            "no plugin libraries found (build and install them with `cargo xtask build`)"
+        );
+    }
+    let name_width = statuses.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    let version_width = statuses
+        .iter()
+        .map(|s| s.version.as_deref().unwrap_or("-").len())
+        .max()
+        .unwrap_or(0);
+    let file_name = |status: &LibraryStatus| {
+        status
+            .file
+            .as_ref()
+            .and_then(|f| f.file_name())
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_else(|| "(no library)".to_string())
+    };
+    let file_width = statuses.iter().map(|s| file_name(s).len()).max().unwrap_or(0);
+    for status in statuses {
+        let enabled = match status.position {
+            Some(p) => format!("enabled ({p})"),
+            None => "not enabled".to_string(),
+        };
+        let loads = if status.loads {
+            "loads".to_string()
+        } else {
+            format!(
+                "DOES NOT LOAD: {}",
+                status.reason.as_deref().unwrap_or("unknown reason")
+            )
+        };
+        let _ = writeln!(
+            text,
+            "{:<name_width$}  {:<version_width$}  {:<file_width$}  {loads}; {enabled}",
+            status.name,
+            status.version.as_deref().unwrap_or("-"),
+            file_name(status),
+        );
+    }
+    let json = json!({
+        "config": config.file.display().to_string(),
+        "plugin_dir": config.plugin_dir.display().to_string(),
+        "plugins": statuses.iter().map(|s| json!({
+            "name": s.name,
+            "version": s.version,
+            "file": s.file.as_ref().map(|f| f.display().to_string()),
+            "loads": s.loads,
+            "reason": s.reason,
+            "enabled": s.enabled,
+            "position": s.position.map(|p| p.position),
+            "list": s.position.map(|p| p.list()),
+            "description": s.summary,
+        })).collect::<Vec<_>>(),
+    });
+    (text, json)
+}
+
+/// `check` as text and JSON.
+pub fn render_check(report: &CheckReport) -> (String, Value) {
+    let mut text = String::new();
+    let _ = writeln!(text, "config: {}", report.config.display());
+    for plugin in &report.plugins {
+        let place = match plugin.position {
+            Some(p) => p.to_string(),
+            None => "not in the chain".to_string(),
+        };
+        let state = match &plugin.problem {
+            None => "loads, config ok".to_string(),
+            Some(problem) => format!("FAULT: {problem}"),
+        };
+        let _ = writeln!(
+            text,
+            "plugin {} {} ({place}): {state}",
+            plugin.name,
+            plugin.version.as_deref().unwrap_or("-")
+        );
+    }
+    for run in &report.runs {
+        let _ = writeln!(
+            text,
+            "sample run, model {} (effective_ctx {}): {} -> {} messages",
+            run.model, run.effective_ctx, run.messages_in, run.messages_out
+        );
+        let width = run.stages.iter().map(|s| s.plugin.len()).max().unwrap_or(0);
+        for stage in &run.stages {
+            let state = match &stage.fault {
+                None => "ok".to_string(),
+                Some(fault) => format!("FAULT: {fault}"),
+            };
+            let _ = writeln!(
+                text,
+                "  {:<width$}  {} -> {} messages  {state}",
+                stage.plugin, stage.messages_in, stage.messages_out
+            );
+        }
+    }
+    for warning in &report.warnings {
+        let _ = writeln!(text, "warning: {warning}");
+    }
+    if report.ok() {
+        let _ = writeln!(text, "check: ok");
+    } else {
+        for problem in &report.problems {
+            let _ = writeln!(text, "problem: {problem}");
+        }
+        let _ = writeln!(text, "check: FAILED ({} problem(s))", report.problems.len());
+    }
+    let json = json!({
+        "config": report.config.display().to_string(),
+        "ok": report.ok(),
+        "problems": report.problems,
+        "warnings": report.warnings,
+        "plugins": report.plugins.iter().map(|p| json!({
+            "name": p.name,
+            "version": p.version,
+            "position": p.position.map(|p| p.position),
+            "list": p.position.map(|p| p.list()),
+            "ok": p.ok,
+            "problem": p.problem,
+        })).collect::<Vec<_>>(),
+        "runs": report.runs.iter().map(|r| json!({
+            "model": r.model,
+            "effective_ctx": r.effective_ctx,
+            "messages_in": r.messages_in,
+            "messages_out": r.messages_out,
+            "stages": r.stages.iter().map(|s| json!({
+                "plugin": s.plugin,
+                "messages_in": s.messages_in,
+                "messages_out": s.messages_out,
+                "tokens_in": s.tokens_in,
+                "tokens_out": s.tokens_out,
+                "ok": s.fault.is_none(),
+                "fault": s.fault,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    (text, json)
+}

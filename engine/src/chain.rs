@@ -1,0 +1,505 @@
+//! The chain: loading it from the configuration and running it (SPEC §4.3–§4.5).
+
+use std::time::{Duration, Instant};
+
+use plugin_api::structure::Faults;
+use plugin_api::{
+    Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
+};
+
+use crate::check::{check_faults, check_output, is_passthrough, is_selection};
+use crate::config::{Config, ConfigError, OnPluginError};
+use crate::loader::{Catalog, PluginLibrary};
+use crate::{logging, services, tokens, turns};
+
+/// One loaded plugin instance in the chain.
+pub struct Stage {
+    pub name: String,
+    pub version: String,
+    instance: PluginBox,
+}
+
+/// The ordered stages of a run: the `chain`, whose output is the working history, then
+/// the `view`, whose output is what is sent this turn and is never kept.
+///
+/// A `Chain` is `Send + Sync`: one loaded chain serves every session's turns at once, and
+/// [`SharedChain`] swaps a reloaded one in between turns.
+pub struct Chain {
+    pub stages: Vec<Stage>,
+    pub view: Vec<Stage>,
+    pub on_error: OnPluginError,
+}
+
+/// Which entry point a run calls.
+#[derive(Debug, Clone, Copy)]
+pub enum Call<'a> {
+    /// `process`: every turn.
+    Process,
+    /// `on_model_switch`: when the session's model changes (`ctx` describes `new`).
+    ModelSwitch { old: &'a ModelInfo, new: &'a ModelInfo },
+}
+
+/// What one plugin did in a run.
+#[derive(Debug, Clone)]
+pub struct StageReport {
+    pub plugin: String,
+    pub messages_in: usize,
+    pub messages_out: usize,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub events: Vec<Event>,
+    /// A `view` stage (its output is sent, not kept).
+    pub view: bool,
+    /// Why the plugin's result was not used (`on_plugin_error = "skip"`).
+    pub skipped: Option<String>,
+    pub elapsed: Duration,
+    /// With a previous output to compare against ([`Chain::run_compared`]): the index of
+    /// the first message of this stage's output whose bytes differ from it (§5.2).
+    pub prefix_kept: Option<usize>,
+}
+
+/// The result of a chain run.
+#[derive(Debug, Clone)]
+pub struct ChainRun {
+    /// The sent history: the last `view` stage's output (the working history when there is
+    /// no view), what goes to the model this turn.
+    pub history: Vec<RArc<Message>>,
+    /// The working history: the last `chain` stage's output, what a session keeps and the
+    /// next turn's messages are appended to.
+    pub working: Vec<RArc<Message>>,
+    /// Structural faults of the chain's input (accepted and reported, §2.1.1).
+    pub input_faults: Vec<String>,
+    pub stages: Vec<StageReport>,
+    pub messages_in: usize,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    /// With a previous output to compare against: the index of the first message of the
+    /// final history whose bytes differ from it (§5.2).
+    pub prefix_kept: Option<usize>,
+}
+
+/// A turn failed by a plugin under `on_plugin_error = "fail"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginFailure {
+    pub plugin: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for PluginFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "plugin \"{}\" failed: {}", self.plugin, self.message)
+    }
+}
+
+impl std::error::Error for PluginFailure {}
+
+/// The [`LoadContext`] for plugin `name`'s `new`.
+fn load_context(config: &Config, name: &str) -> LoadContext {
+    let config_json = config
+        .plugin_table(name)
+        .map(|t| t.json.to_string())
+        .unwrap_or_else(|| "{}".to_string());
+    LoadContext {
+        config_json: config_json.into(),
+        agent_max_ctx: config.agent_max_ctx,
+        models: config.models_for_validation().into(),
+        services: services::SERVICES,
+    }
+}
+
+impl Chain {
+    /// Instantiates the configured chain from the discovered plugins. Every
+    /// `[plugin.NAME]` table of an available plugin is validated by its plugin, in the
+    /// chain or not (so `agentctl` can enable it safely); a table naming no available
+    /// plugin is a warning.
+    pub fn load(config: &Config, catalog: &Catalog) -> Result<Chain, ConfigError> {
+        let stages = load_stages(config, catalog, "chain", &config.chain)?;
+        let view = load_stages(config, catalog, "view", &config.view)?;
+        for table in &config.plugins {
+            if config.chain.contains(&table.name) || config.view.contains(&table.name) {
+                continue;
+            }
+            if instantiate(config, catalog, &table.name)?.is_none() {
+                tracing::warn!(
+                    "{}: [plugin.{}] names no available plugin (available: {})",
+                    config.file.display(),
+                    table.name,
+                    catalog.available_names()
+                );
+            }
+        }
+        Ok(Chain {
+            stages,
+            view,
+            on_error: config.on_plugin_error,
+        })
+    }
+
+    /// `copies` instances of plugin `name` in a row. This bypasses the configuration's
+    /// chain rules (`default` first, no name twice) and exists for measuring only:
+    /// `cargo xtask bench` runs a pass-through fixture through this same [`Chain::run`],
+    /// as many stages as the real chain has, to get the floor its figures are divided by.
+    pub fn repeated(
+        config: &Config,
+        catalog: &Catalog,
+        name: &str,
+        copies: usize,
+    ) -> Result<Chain, ConfigError> {
+        let mut stages = Vec::with_capacity(copies);
+        for _ in 0..copies {
+            let (Some(library), Some(instance)) =
+                (catalog.plugins.get(name), instantiate(config, catalog, name)?)
+            else {
+                return Err(config.error(
+                    None,
+                    format!(
+                        "plugin \"{name}\" is not available in {} (available: {})",
+                        config.plugin_dir.display(),
+                        catalog.available_names()
+                    ),
+                ));
+            };
+            stages.push(Stage {
+                name: name.to_string(),
+                version: library.version.clone(),
+                instance,
+            });
+        }
+        Ok(Chain {
+            stages,
+            view: Vec::new(),
+            on_error: config.on_plugin_error,
+        })
+    }
+
+    /// The chain's plugin names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.stages.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// The view's plugin names, in order.
+    pub fn view_names(&self) -> Vec<&str> {
+        self.view.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Runs every plugin in order, checking each output (§4.3) and handling faults by
+    /// `on_plugin_error` (§4.4). Message turns and identities are derived once, here,
+    /// before the first plugin (§2.3).
+    pub fn run(
+        &self,
+        history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<ChainRun, PluginFailure> {
+        self.run_compared(history, ctx, call, None)
+    }
+
+    /// [`Chain::run`], also reporting per stage and for the final history how much of
+    /// `previous` (the previous turn's sent history) is kept byte for byte: `prefix_kept`,
+    /// what each plugin costs the provider's prompt cache.
+    pub fn run_compared(
+        &self,
+        mut history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+        previous: Option<&[RArc<Message>]>,
+    ) -> Result<ChainRun, PluginFailure> {
+        // Serialized once: every stage compares against the same bytes.
+        let previous: Option<Vec<String>> =
+            previous.map(|p| p.iter().map(|m| plugin_api::wire::message_to_string(m)).collect());
+        let prefix_kept =
+            |history: &[RArc<Message>]| previous.as_deref().map(|previous| prefix_kept(previous, history));
+        turns::prepare(&mut history, ctx.turn);
+        let input_faults = Faults::of(&history);
+        let input_fault_lines = input_faults.describe(&history);
+        for line in &input_fault_lines {
+            tracing::warn!("structural fault in the input: {line}");
+        }
+        let mut state = RunState {
+            messages_in: history.len(),
+            tokens: tokens::history_tokens(ctx.model.tokenizer, &history),
+            faults: input_faults.count(),
+            history,
+        };
+        let tokens_in = state.tokens;
+        let mut stages = Vec::with_capacity(self.stages.len() + self.view.len());
+        let mut working = None;
+        for (index, stage) in self.stages.iter().chain(&self.view).enumerate() {
+            if index == self.stages.len() {
+                working = Some(state.history.clone());
+            }
+            let mut report = self.run_stage(stage, &mut state, ctx, call)?;
+            report.view = index >= self.stages.len();
+            report.prefix_kept = prefix_kept(&state.history);
+            stages.push(report);
+        }
+        let history = state.history;
+        Ok(ChainRun {
+            prefix_kept: prefix_kept(&history),
+            working: working.unwrap_or_else(|| history.clone()),
+            history,
+            input_faults: input_fault_lines,
+            stages,
+            messages_in: state.messages_in,
+            tokens_in,
+            tokens_out: state.tokens,
+        })
+    }
+
+    /// Calls one stage on the current history, checks its output and, when it passes,
+    /// makes it the current history; a fault is skipped or fails the run by
+    /// `on_plugin_error`.
+    fn run_stage(
+        &self,
+        stage: &Stage,
+        state: &mut RunState,
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<StageReport, PluginFailure> {
+        let started = Instant::now();
+        let history = &state.history;
+        let result = logging::with_plugin(&stage.name, || stage.call(history, ctx, call));
+        let checked = result.and_then(|output| {
+            if is_passthrough(history, &output.history) {
+                return Ok((output, state.faults));
+            }
+            // Identities are unique here (assign_origins), so a plain selection needs
+            // only the structural check, not the full one that hashes the input.
+            let output_faults = if is_selection(history, &output.history) {
+                check_faults(&output.history, state.faults)
+            } else {
+                check_output(history, state.faults, &output.history)
+            }
+            .map_err(|e| format!("invalid output: {e}"))?;
+            Ok((output, output_faults.count()))
+        });
+        let mut report = StageReport {
+            plugin: stage.name.clone(),
+            view: false,
+            messages_in: history.len(),
+            messages_out: history.len(),
+            tokens_in: state.tokens,
+            tokens_out: state.tokens,
+            events: Vec::new(),
+            skipped: None,
+            elapsed: started.elapsed(),
+            prefix_kept: None,
+        };
+        match checked {
+            Ok((output, output_faults)) => {
+                state.history = output.history.into_iter().collect();
+                state.faults = output_faults;
+                state.tokens = tokens::history_tokens(ctx.model.tokenizer, &state.history);
+                report.messages_out = state.history.len();
+                report.tokens_out = state.tokens;
+                report.events = output.events.into_iter().collect();
+                log_events(&stage.name, &report.events);
+            }
+            Err(message) => match self.on_error {
+                OnPluginError::Fail => {
+                    return Err(PluginFailure {
+                        plugin: stage.name.clone(),
+                        message,
+                    })
+                }
+                OnPluginError::Skip => {
+                    tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
+                    report.skipped = Some(message);
+                }
+            },
+        }
+        Ok(report)
+    }
+}
+
+/// What a run carries from stage to stage.
+struct RunState {
+    history: Vec<RArc<Message>>,
+    messages_in: usize,
+    /// Tokens of `history` (the default per-message overhead).
+    tokens: u64,
+    /// Structural faults of `history`: no stage may add to them.
+    faults: usize,
+}
+
+impl Stage {
+    fn call(
+        &self,
+        history: &[RArc<Message>],
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<plugin_api::Output, String> {
+        let input = RSlice::from_slice(history);
+        let result = match call {
+            Call::Process => self.instance.process(input, ctx),
+            Call::ModelSwitch { old, new } => self.instance.on_model_switch(input, ctx, old, new),
+        };
+        match result {
+            RResult::ROk(output) => Ok(output),
+            RResult::RErr(message) => Err(message.into()),
+        }
+    }
+}
+
+/// Instantiates the stages of one list (`chain` or `view`), each with its table.
+fn load_stages(
+    config: &Config,
+    catalog: &Catalog,
+    list: &str,
+    names: &[String],
+) -> Result<Vec<Stage>, ConfigError> {
+    let mut stages = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(library) = catalog.plugins.get(name) else {
+            let line = config.history_key_line(list);
+            let message = match catalog.refusal_for(name) {
+                Some(refusal) => format!("plugin \"{name}\" in the {list} cannot be loaded: {refusal}"),
+                None => format!(
+                    "plugin \"{name}\" in the {list} is not available in {} (available: {})",
+                    config.plugin_dir.display(),
+                    catalog.available_names()
+                ),
+            };
+            return Err(config.error(line, message));
+        };
+        stages.push(Stage {
+            name: name.clone(),
+            version: library.version.clone(),
+            instance: instantiate_library(config, library)?,
+        });
+    }
+    Ok(stages)
+}
+
+/// Builds plugin `name`'s instance with its table; `Ok(None)` when it is not available.
+fn instantiate(config: &Config, catalog: &Catalog, name: &str) -> Result<Option<PluginBox>, ConfigError> {
+    let Some(library) = catalog.plugins.get(name) else {
+        return Ok(None);
+    };
+    instantiate_library(config, library).map(Some)
+}
+
+/// Builds an instance of `library` with its `[plugin.NAME]` table, the plugin validating
+/// it (what `agentctl plugins` and `check` report per plugin). The error names the table,
+/// the key and its line.
+pub(crate) fn instantiate_library(
+    config: &Config,
+    library: &PluginLibrary,
+) -> Result<PluginBox, ConfigError> {
+    let name = library.name.as_str();
+    let load = load_context(config, name);
+    logging::with_plugin(name, || library.instantiate(&load)).map_err(|err| {
+        let line = config
+            .plugin_key_line(name, &err.key)
+            .or_else(|| config.history_key_line("chain"));
+        let place = if err.key.is_empty() {
+            format!("[plugin.{name}]")
+        } else {
+            format!("[plugin.{name}] {}", err.key)
+        };
+        config.error(line, format!("{place}: {}", err.message))
+    })
+}
+
+fn log_events(plugin: &str, events: &[Event]) {
+    for event in events {
+        tracing::debug!(
+            plugin,
+            event = event.kind.as_str(),
+            turn = event.turn,
+            index = ?event.index.into_option(),
+            id = ?event.id.as_ref().into_option().map(|s| s.as_str()),
+            tokens_saved = ?event.tokens_saved.into_option(),
+            "{}",
+            event.reason
+        );
+    }
+}
+
+/// The [`Context`] of a stateless call on `model` at `turn`.
+pub fn stateless_context(config: &Config, model: ModelInfo, turn: u64) -> Context {
+    Context {
+        session_id: ROption::RNone,
+        effective_ctx: model.effective_ctx,
+        model,
+        agent_max_ctx: config.agent_max_ctx,
+        turn,
+        last_active: ROption::RNone,
+        expiration_override: ROption::RNone,
+        services: services::SERVICES,
+    }
+}
+
+/// The chain a service runs, swappable while turns run: a turn takes the current chain
+/// ([`SharedChain::current`]) and runs wholly on it, while a reload puts a new one in
+/// place ([`SharedChain::replace`]) for the turns that start after.
+pub struct SharedChain {
+    current: std::sync::RwLock<std::sync::Arc<Chain>>,
+}
+
+impl SharedChain {
+    pub fn new(chain: Chain) -> SharedChain {
+        SharedChain {
+            current: std::sync::RwLock::new(std::sync::Arc::new(chain)),
+        }
+    }
+
+    /// The chain to run a turn on.
+    pub fn current(&self) -> std::sync::Arc<Chain> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `chain` in place for the turns that start from now on; returns the old one
+    /// (turns running on it finish on it).
+    pub fn replace(&self, chain: Chain) -> std::sync::Arc<Chain> {
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *current, std::sync::Arc::new(chain))
+    }
+}
+
+/// `prefix_kept` (§5.2): the index of the first message of `history` whose bytes (compact
+/// JSON, [`plugin_api::wire::message_to_string`]) differ from `previous` (the previous
+/// output, already serialized). A message past either end differs; two equal histories
+/// give their length.
+pub(crate) fn prefix_kept(previous: &[String], history: &[RArc<Message>]) -> usize {
+    history
+        .iter()
+        .zip(previous)
+        .take_while(|(message, bytes)| plugin_api::wire::message_to_string(message) == **bytes)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_can_serve_many_threads() {
+        fn shared_across_threads<T: Send + Sync>() {}
+        shared_across_threads::<Chain>();
+        shared_across_threads::<SharedChain>();
+    }
+
+    #[test]
+    fn prefix_kept_is_the_first_index_whose_bytes_differ() {
+        let history = plugin_api::wire::history_from_str(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
+        )
+        .unwrap();
+        let bytes: Vec<String> = history
+            .iter()
+            .map(|m| plugin_api::wire::message_to_string(m))
+            .collect();
+        assert_eq!(prefix_kept(&bytes, &history), 3);
+        assert_eq!(
+            prefix_kept(&bytes[..2], &history),
+            2,
+            "new messages after the previous ones"
+        );
+        assert_eq!(prefix_kept(&bytes, &history[..1]), 1, "the output is shorter");
+        let mut changed = bytes.clone();
+        changed[1] = r#"{"role":"assistant","content":"B"}"#.to_string();
+        assert_eq!(prefix_kept(&changed, &history), 1);
+        assert_eq!(prefix_kept(&[], &history), 0);
+    }
+}

@@ -1,0 +1,188 @@
+//! The check the host runs on every plugin's output before passing it on (SPEC §4.3):
+//! the shape is valid, there are no more structural faults than the plugin's input had,
+//! and nothing is invented.
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use plugin_api::structure::Faults;
+use plugin_api::{Content, Member, Message, Part, RArc, Role};
+
+/// Whether `output` is `input` passed through untouched (same shared messages in order).
+pub(crate) fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+    input.len() == output.len() && input.iter().zip(output).all(|(a, b)| std::ptr::eq(&**a, &**b))
+}
+
+/// Whether `output` is `input` with messages left out: the same shared messages, in input
+/// order. What every trimming plugin returns; with unique identities in the input (as in a
+/// chain run, `turns::assign_origins`) such an output duplicates, changes and invents
+/// nothing, so only [`check_faults`] is left to check — without hashing the whole input.
+pub(crate) fn is_selection(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+    let mut rest = input.iter();
+    output.len() <= input.len()
+        && output
+            .iter()
+            .all(|kept| rest.any(|m| std::ptr::eq(&**m, &**kept)))
+}
+
+/// Identity of a message within one chain step: its origin, its kind of role and, for a
+/// tool result, the call it answers (one assistant message's placeholders share its origin).
+type Key<'a> = (u64, Role, Option<&'a str>);
+
+fn key(message: &Message) -> Key<'_> {
+    let role = if message.role.is_system() {
+        Role::System
+    } else {
+        message.role
+    };
+    (
+        message.origin(),
+        role,
+        (role == Role::Tool).then(|| message.call_id().unwrap_or("")),
+    )
+}
+
+/// Checks one plugin's output against its input. Returns the output's structural faults,
+/// or the first problem found (naming the index of the output message).
+pub fn check_output(
+    input: &[RArc<Message>],
+    input_faults: usize,
+    output: &[RArc<Message>],
+) -> Result<Faults, String> {
+    let shared: HashSet<*const Message> = input.iter().map(|m| &**m as *const Message).collect();
+    let by_key: HashMap<Key<'_>, &Message> = input.iter().map(|m| (key(m), &**m)).collect();
+    let origins: HashMap<u64, Role> = input.iter().map(|m| (m.origin(), m.role)).collect();
+    let mut seen: HashSet<Key<'_>> = HashSet::with_capacity_and_hasher(output.len(), Default::default());
+
+    for (index, message) in output.iter().enumerate() {
+        let fault = |what: String| format!("output message {index}: {what}");
+        if !seen.insert(key(message)) {
+            return Err(fault("duplicated (the same input message appears twice)".into()));
+        }
+        if shared.contains(&(&**message as *const Message)) {
+            continue;
+        }
+        if by_key.contains_key(&key(message)) {
+            // A changed copy, or a merge kept under its first message's identity.
+        } else if let (Role::Tool, Some(call)) = (
+            message.role,
+            by_key.get(&(message.origin(), Role::Assistant, None)),
+        ) {
+            let id = message.call_id().unwrap_or("");
+            if !call.tool_calls.iter().any(|c| c.id.as_str() == id) {
+                return Err(fault(format!(
+                    "tool result \"{id}\" answers none of the calls of the message it was made from"
+                )));
+            }
+        } else if let Some(role) = origins.get(&message.origin()) {
+            return Err(fault(if message.role == Role::Tool && *role == Role::Tool {
+                "a tool result's tool_call_id was changed".to_string()
+            } else {
+                format!("role changed from {} to {}", role.as_str(), message.role.as_str())
+            }));
+        } else {
+            return Err(fault(
+                "invented (it is neither an input message nor made from one)".into(),
+            ));
+        }
+        check_shape(message).map_err(fault)?;
+    }
+
+    check_faults(output, input_faults)
+}
+
+/// The output's structural faults, or an error when it has more than its input had.
+pub(crate) fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Faults, String> {
+    let faults = Faults::of(output);
+    if faults.count() > input_faults {
+        let first = faults.describe(output).into_iter().next().unwrap_or_default();
+        return Err(format!(
+            "output has {} structural faults where its input had {input_faults}; first: {first}",
+            faults.count()
+        ));
+    }
+    Ok(faults)
+}
+
+/// The §2.1.1 shape rules a typed message can still break: what a plugin built or changed.
+pub(crate) fn check_shape(message: &Message) -> Result<(), String> {
+    if message.role == Role::Tool && message.tool_call_id.is_none() {
+        return Err("tool message without tool_call_id".into());
+    }
+    if message.role != Role::Assistant && !message.tool_calls.is_empty() {
+        return Err(format!("tool_calls on a {} message", message.role.as_str()));
+    }
+    check_members(&message.extra)?;
+    check_content(&message.content)?;
+    for call in message.tool_calls.iter() {
+        check_members(&call.extra)?;
+        check_members(&call.function_extra)?;
+        if call.arguments_is_json {
+            valid_json(&call.arguments).map_err(|e| format!("tool call \"{}\": arguments: {e}", call.id))?;
+        }
+    }
+    if let Some(meta) = message.meta() {
+        if meta.turn_added.into_option() == Some(0) {
+            return Err("metadata.turn_added must be ≥ 1".into());
+        }
+        check_members(&meta.extra)?;
+        if let Some(expiration) = meta.expiration.as_ref().into_option() {
+            check_members(&expiration.extra)?;
+        }
+        if let Some(original) = meta.original_content.as_ref().into_option() {
+            check_content(original)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_content(content: &Content) -> Result<(), String> {
+    if let Content::Parts(parts) = content {
+        for part in parts.iter() {
+            match part {
+                Part::Opaque { json } => match serde_json::from_str::<serde_json::Value>(json) {
+                    Ok(serde_json::Value::Object(_)) => {}
+                    _ => return Err("a content part is not a JSON object".into()),
+                },
+                Part::Text { extra, .. } => check_members(extra)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_members(members: &[Member]) -> Result<(), String> {
+    for member in members {
+        valid_json(&member.json).map_err(|e| format!("member \"{}\": {e}", member.key))?;
+    }
+    Ok(())
+}
+
+fn valid_json(text: &str) -> Result<(), String> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .map(|_| ())
+        .map_err(|_| "not valid JSON".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::wire::history_from_str;
+
+    #[test]
+    fn a_selection_keeps_shared_messages_in_input_order() {
+        let input = history_from_str(
+            r#"[{"role":"user","content":"1"},{"role":"assistant","content":"2"},{"role":"user","content":"3"}]"#,
+        )
+        .unwrap();
+        let pick = |indices: &[usize]| indices.iter().map(|&i| input[i].clone()).collect::<Vec<_>>();
+        assert!(is_selection(&input, &pick(&[0, 2])));
+        assert!(is_selection(&input, &pick(&[])));
+        assert!(!is_selection(&input, &pick(&[2, 0])), "reordered");
+        assert!(!is_selection(&input, &pick(&[0, 0])), "repeated");
+        let copy = RArc::new((*input[1]).clone());
+        assert!(
+            !is_selection(&input, &[input[0].clone(), copy]),
+            "a changed copy is not shared"
+        );
+    }
+}

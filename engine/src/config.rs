@@ -1,0 +1,652 @@
+//! `plugins-enabled.toml` (SPEC §4.1): parsing and validation with errors that name the
+//! key and the line. `agentctl` validates its edits with this same code before writing.
+
+use std::path::{Path, PathBuf};
+
+use plugin_api::naming::is_plugin_name;
+use plugin_api::{ModelInfo, Tokenizer};
+use toml_edit::{Document, Item, Table, Value};
+
+/// Where the chain's plugins live when the file does not say.
+pub(crate) const DEFAULT_PLUGIN_DIR: &str = "target/plugins";
+pub(crate) const DEFAULT_MAX_USERS: u64 = 50;
+pub(crate) const DEFAULT_IDLE_TIMEOUT_MINUTES: u64 = 60;
+pub const DEFAULT_AGENT_MAX_CTX: u64 = 200;
+pub(crate) const DEFAULT_CONTEXT_TOKENS: u64 = 128_000;
+pub(crate) const DEFAULT_TOKENIZER: Tokenizer = Tokenizer::O200kBase;
+
+/// `on_plugin_error` (SPEC §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPluginError {
+    /// Pass the history on as the failing plugin received it, and log a warning.
+    Skip,
+    /// Fail the turn.
+    Fail,
+}
+
+impl OnPluginError {
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnPluginError::Skip => "skip",
+            OnPluginError::Fail => "fail",
+        }
+    }
+}
+
+/// A `[models.NAME]` table as written (keys it lacks are `None`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelTable {
+    pub max_context: Option<u64>,
+    pub context_tokens: Option<u64>,
+    pub tokenizer: Option<Tokenizer>,
+}
+
+/// A `[plugin.NAME]` table, handed to the plugin as JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginTable {
+    pub name: String,
+    pub json: serde_json::Value,
+}
+
+/// A configuration error: the file, the line when known, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}", self.file.display(), self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The parsed configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from.
+    pub file: PathBuf,
+    /// `plugin_dir`, resolved against the file's folder.
+    pub plugin_dir: PathBuf,
+    pub max_users: u64,
+    pub session_idle_timeout_minutes: u64,
+    pub agent_max_ctx: u64,
+    /// `[history] chain`: its output is the working history, kept from turn to turn.
+    pub chain: Vec<String>,
+    /// `[history] view`: run after the chain on what is sent this turn; never kept.
+    pub view: Vec<String>,
+    pub on_plugin_error: OnPluginError,
+    /// `[models.*]` in file order.
+    pub models: Vec<(String, ModelTable)>,
+    /// `[plugin.*]` in file order.
+    pub plugins: Vec<PluginTable>,
+    source: String,
+    document: Document<String>,
+}
+
+/// Where a plugin runs: its list (`chain` or `view`) and its position there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub view: bool,
+    pub position: usize,
+}
+
+impl Place {
+    /// `chain` or `view`.
+    pub fn list(self) -> &'static str {
+        if self.view {
+            "view"
+        } else {
+            "chain"
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.view {
+            write!(f, "view position {}", self.position)
+        } else {
+            write!(f, "position {}", self.position)
+        }
+    }
+}
+
+struct Reader<'a> {
+    file: &'a Path,
+    source: &'a str,
+}
+
+impl Reader<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        line_at(self.source, offset)
+    }
+
+    fn error(&self, span: Option<std::ops::Range<usize>>, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            line: span.map(|s| self.line_of(s.start)),
+            message,
+        }
+    }
+
+    fn key_error(&self, table: &Table, key: &str, message: String) -> ConfigError {
+        self.error(table.key(key).and_then(|k| k.span()), message)
+    }
+
+    fn refuse_unknown(&self, table: &Table, place: &str, known: &[&str]) -> Result<(), ConfigError> {
+        for (key, _) in table.iter() {
+            if !known.contains(&key) {
+                return Err(self.key_error(
+                    table,
+                    key,
+                    format!("unknown key `{key}` in {place} (known: {})", known.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn table<'t>(&self, parent: &'t Table, key: &str, place: &str) -> Result<Option<&'t Table>, ConfigError> {
+        match parent.get(key) {
+            None => Ok(None),
+            Some(Item::Table(table)) => Ok(Some(table)),
+            Some(_) => Err(self.key_error(parent, key, format!("`{key}` in {place} must be a table"))),
+        }
+    }
+
+    fn integer(&self, table: &Table, key: &str, place: &str, min: u64) -> Result<Option<u64>, ConfigError> {
+        match table.get(key) {
+            None => Ok(None),
+            Some(item) => match item.as_integer() {
+                Some(n) if n >= 0 && n as u64 >= min => Ok(Some(n as u64)),
+                _ => Err(self.key_error(
+                    table,
+                    key,
+                    format!(
+                        "`{key}` in {place} must be an integer ≥ {min}, found {}",
+                        shown(item)
+                    ),
+                )),
+            },
+        }
+    }
+
+    fn string<'t>(&self, table: &'t Table, key: &str, place: &str) -> Result<Option<&'t str>, ConfigError> {
+        match table.get(key) {
+            None => Ok(None),
+            Some(item) => match item.as_str() {
+                Some(s) => Ok(Some(s)),
+                None => Err(self.key_error(
+                    table,
+                    key,
+                    format!("`{key}` in {place} must be a string, found {}", shown(item)),
+                )),
+            },
+        }
+    }
+}
+
+fn shown(item: &Item) -> String {
+    match item {
+        Item::Value(value) => value.to_string().trim().to_string(),
+        Item::Table(_) | Item::ArrayOfTables(_) => "a table".to_string(),
+        Item::None => "nothing".to_string(),
+    }
+}
+
+fn line_at(source: &str, offset: usize) -> usize {
+    source.as_bytes()[..offset.min(source.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let source = std::fs::read_to_string(file).map_err(|err| ConfigError {
+            file: file.to_path_buf(),
+            line: None,
+            message: format!("cannot read the configuration: {err}"),
+        })?;
+        Config::parse(file, source)
+    }
+
+    /// Validates configuration text as if read from `file` (agentctl checks its edits so).
+    pub fn parse(file: &Path, source: String) -> Result<Config, ConfigError> {
+        let reader = Reader {
+            file,
+            source: &source,
+        };
+        let document = Document::parse(source.clone()).map_err(|err| {
+            let line = err.span().map(|s| line_at(&source, s.start));
+            let message = err.message().to_string();
+            ConfigError {
+                file: file.to_path_buf(),
+                line,
+                message: format!("not valid TOML: {message}"),
+            }
+        })?;
+        let root = document.as_table();
+        reader.refuse_unknown(
+            root,
+            "the top level",
+            &[
+                "plugin_dir",
+                "max_users",
+                "session_idle_timeout_minutes",
+                "history",
+                "models",
+                "plugin",
+            ],
+        )?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        let plugin_dir = base.join(
+            reader
+                .string(root, "plugin_dir", "the top level")?
+                .unwrap_or(DEFAULT_PLUGIN_DIR),
+        );
+        let max_users = reader
+            .integer(root, "max_users", "the top level", 1)?
+            .unwrap_or(DEFAULT_MAX_USERS);
+        let session_idle_timeout_minutes = reader
+            .integer(root, "session_idle_timeout_minutes", "the top level", 0)?
+            .unwrap_or(DEFAULT_IDLE_TIMEOUT_MINUTES);
+
+        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error) = (
+            DEFAULT_AGENT_MAX_CTX,
+            vec!["default".to_string()],
+            Vec::new(),
+            OnPluginError::Skip,
+        );
+        if let Some(history) = reader.table(root, "history", "the top level")? {
+            let place = "[history]";
+            reader.refuse_unknown(
+                history,
+                place,
+                &["agent_max_ctx", "chain", "view", "on_plugin_error"],
+            )?;
+            agent_max_ctx = reader
+                .integer(history, "agent_max_ctx", place, 1)?
+                .unwrap_or(agent_max_ctx);
+            if let Some(item) = history.get("chain") {
+                chain = parse_plugin_list(&reader, history, "chain", item)?;
+                check_default_first(&reader, history, &chain)?;
+            }
+            if let Some(item) = history.get("view") {
+                view = parse_plugin_list(&reader, history, "view", item)?;
+                for name in &view {
+                    let refuse = |message: String| Err(reader.key_error(history, "view", message));
+                    if name == "default" {
+                        return refuse(
+                            "\"default\" cannot be in the view: it is the first stage of the chain"
+                                .to_string(),
+                        );
+                    }
+                    if chain.contains(name) {
+                        return refuse(format!(
+                            "plugin \"{name}\" is in both the chain and the view: a plugin runs in one of them"
+                        ));
+                    }
+                }
+            }
+            on_plugin_error = match reader.string(history, "on_plugin_error", place)? {
+                None | Some("skip") => OnPluginError::Skip,
+                Some("fail") => OnPluginError::Fail,
+                Some(other) => {
+                    return Err(reader.key_error(
+                        history,
+                        "on_plugin_error",
+                        format!("`on_plugin_error` must be \"skip\" or \"fail\", found \"{other}\""),
+                    ))
+                }
+            };
+        }
+
+        let mut models = Vec::new();
+        if let Some(table) = reader.table(root, "models", "the top level")? {
+            for (name, _) in table.iter() {
+                let place = format!("[models.{name}]");
+                let Some(model) = reader.table(table, name, "[models]")? else {
+                    continue;
+                };
+                reader.refuse_unknown(model, &place, &["max_context", "context_tokens", "tokenizer"])?;
+                let tokenizer = match reader.string(model, "tokenizer", &place)? {
+                    None => None,
+                    Some(t) => Some(Tokenizer::parse(t).ok_or_else(|| {
+                        reader.key_error(
+                            model,
+                            "tokenizer",
+                            format!("`tokenizer` in {place} must be one of o200k_base, cl100k_base, chars4, found \"{t}\""),
+                        )
+                    })?),
+                };
+                models.push((
+                    name.to_string(),
+                    ModelTable {
+                        max_context: reader.integer(model, "max_context", &place, 1)?,
+                        context_tokens: reader.integer(model, "context_tokens", &place, 1)?,
+                        tokenizer,
+                    },
+                ));
+            }
+        }
+
+        let mut plugins = Vec::new();
+        if let Some(table) = reader.table(root, "plugin", "the top level")? {
+            for (name, _) in table.iter() {
+                if !is_plugin_name(name) {
+                    return Err(reader.key_error(table, name, format!("[plugin.{name}]: not a plugin name")));
+                }
+                let Some(plugin) = reader.table(table, name, "[plugin]")? else {
+                    continue;
+                };
+                plugins.push(PluginTable {
+                    name: name.to_string(),
+                    json: table_to_json(plugin),
+                });
+            }
+        }
+
+        Ok(Config {
+            file: file.to_path_buf(),
+            plugin_dir,
+            max_users,
+            session_idle_timeout_minutes,
+            agent_max_ctx,
+            chain,
+            view,
+            on_plugin_error,
+            models,
+            plugins,
+            source,
+            document,
+        })
+    }
+
+    /// The settings a call on model `name` gets (SPEC §4.1): the listed table, keys it
+    /// lacks from `[models.default]`, then the built-in defaults.
+    /// Where plugin `name` runs, if it is in the chain or the view.
+    pub fn place_of(&self, name: &str) -> Option<Place> {
+        let find = |names: &[String], view| {
+            names
+                .iter()
+                .position(|n| n == name)
+                .map(|position| Place { view, position })
+        };
+        find(&self.chain, false).or_else(|| find(&self.view, true))
+    }
+
+    pub fn model(&self, name: &str) -> ModelInfo {
+        let table = |n: &str| self.models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
+        let listed = table(name);
+        let fallback = table("default");
+        let pick = |f: fn(&ModelTable) -> Option<u64>| listed.and_then(f).or_else(|| fallback.and_then(f));
+        let max_context = pick(|t| t.max_context).unwrap_or(self.agent_max_ctx);
+        ModelInfo {
+            name: name.into(),
+            max_context,
+            context_tokens: pick(|t| t.context_tokens).unwrap_or(DEFAULT_CONTEXT_TOKENS),
+            tokenizer: listed
+                .and_then(|t| t.tokenizer)
+                .or_else(|| fallback.and_then(|t| t.tokenizer))
+                .unwrap_or(DEFAULT_TOKENIZER),
+            effective_ctx: self.agent_max_ctx.min(max_context),
+        }
+    }
+
+    /// Every listed model plus `default` (what an unlisted model gets): what plugins
+    /// check model-dependent values against at load.
+    pub fn models_for_validation(&self) -> Vec<ModelInfo> {
+        let mut names: Vec<&str> = self.models.iter().map(|(n, _)| n.as_str()).collect();
+        if !names.contains(&"default") {
+            names.push("default");
+        }
+        names.into_iter().map(|n| self.model(n)).collect()
+    }
+
+    /// The `[plugin.NAME]` table, if any.
+    pub fn plugin_table(&self, name: &str) -> Option<&PluginTable> {
+        self.plugins.iter().find(|p| p.name == name)
+    }
+
+    /// The line of `[plugin.NAME]`'s `key_path` (dotted), or of the table, if known.
+    pub fn plugin_key_line(&self, name: &str, key_path: &str) -> Option<usize> {
+        let plugins = self.document.as_table().get("plugin")?.as_table()?;
+        let mut table = plugins.get(name)?.as_table()?;
+        let mut span = plugins.key(name).and_then(|k| k.span());
+        for part in key_path.split('.').filter(|p| !p.is_empty()) {
+            span = table.key(part).and_then(|k| k.span()).or(span);
+            match table.get(part).and_then(Item::as_table) {
+                Some(inner) => table = inner,
+                None => break,
+            }
+        }
+        span.map(|s| line_at(&self.source, s.start))
+    }
+
+    /// The line of `key` in `[history]` (e.g. `chain`), if present.
+    pub fn history_key_line(&self, key: &str) -> Option<usize> {
+        let history = self.document.as_table().get("history")?.as_table()?;
+        history
+            .key(key)
+            .and_then(|k| k.span())
+            .map(|s| line_at(&self.source, s.start))
+    }
+
+    /// The file's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// A [`ConfigError`] about this file.
+    pub fn error(&self, line: Option<usize>, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.clone(),
+            line,
+            message,
+        }
+    }
+}
+
+/// A list of plugin names (`chain` or `view` in `[history]`): plain identifiers, each once.
+fn parse_plugin_list(
+    reader: &Reader<'_>,
+    history: &Table,
+    key: &str,
+    item: &Item,
+) -> Result<Vec<String>, ConfigError> {
+    let error = |message: String| reader.key_error(history, key, message);
+    let Some(array) = item.as_array() else {
+        return Err(error(format!(
+            "`{key}` in [history] must be an array of plugin names, found {}",
+            shown(item)
+        )));
+    };
+    let mut names: Vec<String> = Vec::new();
+    for value in array.iter() {
+        let Some(name) = value.as_str() else {
+            return Err(error(format!(
+                "`{key}` entries must be plugin names, found {}",
+                value.to_string().trim()
+            )));
+        };
+        if !is_plugin_name(name) {
+            return Err(error(format!(
+                "{key} entry \"{name}\" is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths"
+            )));
+        }
+        if names.iter().any(|n| n == name) {
+            return Err(error(format!("plugin \"{name}\" is listed twice in the {key}")));
+        }
+        names.push(name.to_string());
+    }
+    Ok(names)
+}
+
+/// `default` is the chain's first stage, always: it can be neither moved nor removed.
+fn check_default_first(reader: &Reader<'_>, history: &Table, chain: &[String]) -> Result<(), ConfigError> {
+    let error = |message: String| reader.key_error(history, "chain", message);
+    match chain.iter().position(|n| n == "default") {
+        Some(0) => Ok(()),
+        Some(at) => Err(error(format!(
+            "\"default\" must be first in the chain (found at position {at}); it can be neither moved nor removed"
+        ))),
+        None => Err(error(
+            "the chain must start with \"default\"; it can be neither moved nor removed".to_string(),
+        )),
+    }
+}
+
+/// A TOML table as JSON (dates and times become strings).
+pub(crate) fn table_to_json(table: &Table) -> serde_json::Value {
+    serde_json::Value::Object(
+        table
+            .iter()
+            .filter_map(|(key, item)| item_to_json(item).map(|v| (key.to_string(), v)))
+            .collect(),
+    )
+}
+
+fn item_to_json(item: &Item) -> Option<serde_json::Value> {
+    match item {
+        Item::None => None,
+        Item::Value(value) => Some(value_to_json(value)),
+        Item::Table(table) => Some(table_to_json(table)),
+        Item::ArrayOfTables(array) => Some(serde_json::Value::Array(
+            array.iter().map(table_to_json).collect(),
+        )),
+    }
+}
+
+fn value_to_json(value: &Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        Value::String(s) => J::String(s.value().clone()),
+        Value::Integer(i) => J::from(*i.value()),
+        Value::Float(f) => serde_json::Number::from_f64(*f.value()).map_or(J::Null, J::Number),
+        Value::Boolean(b) => J::Bool(*b.value()),
+        Value::Datetime(d) => J::String(d.value().to_string()),
+        Value::Array(a) => J::Array(a.iter().map(value_to_json).collect()),
+        Value::InlineTable(t) => {
+            J::Object(t.iter().map(|(k, v)| (k.to_string(), value_to_json(v))).collect())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/h/plugins-enabled.toml"), text.to_string())
+    }
+
+    #[test]
+    fn omitted_keys_take_their_defaults() {
+        let config = parse("").unwrap();
+        assert_eq!(config.plugin_dir, Path::new("/etc/h/target/plugins"));
+        assert_eq!(
+            (
+                config.max_users,
+                config.session_idle_timeout_minutes,
+                config.agent_max_ctx
+            ),
+            (50, 60, 200)
+        );
+        assert_eq!(config.chain, ["default"]);
+        assert_eq!(config.on_plugin_error, OnPluginError::Skip);
+        let model = config.model("gpt-x");
+        assert_eq!(
+            (model.max_context, model.context_tokens, model.effective_ctx),
+            (200, 128_000, 200)
+        );
+    }
+
+    #[test]
+    fn models_fall_back_key_by_key() {
+        let config = parse(
+            "[history]\nagent_max_ctx = 100\n[models.default]\ncontext_tokens = 5000\ntokenizer = \"chars4\"\n[models.big]\nmax_context = 300\n[models.small]\nmax_context = 10\ntokenizer = \"cl100k_base\"\n",
+        )
+        .unwrap();
+        let big = config.model("big");
+        assert_eq!(
+            (big.effective_ctx, big.context_tokens, big.tokenizer),
+            (100, 5000, Tokenizer::Chars4)
+        );
+        let small = config.model("small");
+        assert_eq!(
+            (small.effective_ctx, small.tokenizer),
+            (10, Tokenizer::Cl100kBase)
+        );
+        assert_eq!(config.model("unlisted").context_tokens, 5000);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let err = parse("max_users = 3\n\n[history]\nchian = []\n").unwrap_err();
+        assert_eq!(err.line, Some(4));
+        assert!(err.message.contains("unknown key `chian` in [history]"), "{err}");
+        let err = parse("[models.m]\nmax_context = 0\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
+        assert!(err.to_string().contains("max_context"), "{err}");
+        let err = parse("[history]\nchain = [\"default\", \"../x\"]\n").unwrap_err();
+        assert!(err.message.contains("\"../x\" is not a plugin name"), "{err}");
+        let err = parse("[history]\nchain = [\"role_pair\", \"default\"]\n").unwrap_err();
+        assert!(err.message.contains("\"default\" must be first"), "{err}");
+        let err = parse("[history]\nchain = [\"role_pair\"]\n").unwrap_err();
+        assert!(err.message.contains("must start with \"default\""), "{err}");
+        let err = parse("[history]\nchain = [\"default\", \"a\", \"a\"]\n").unwrap_err();
+        assert!(err.message.contains("listed twice"), "{err}");
+        let err = parse("[history\n").unwrap_err();
+        assert!(err.message.starts_with("not valid TOML"), "{err}");
+    }
+
+    #[test]
+    fn the_view_lists_plugins_run_after_the_chain() {
+        let config = parse("[history]\nchain = [\"default\", \"a\"]\nview = [\"role_pair\"]\n").unwrap();
+        assert_eq!(config.chain, ["default", "a"]);
+        assert_eq!(config.view, ["role_pair"]);
+        assert!(parse("").unwrap().view.is_empty());
+        let refused = |text: &str| parse(text).unwrap_err();
+        let err = refused("[history]\nview = [\"default\"]\n");
+        assert_eq!(err.line, Some(2));
+        assert!(err.message.contains("\"default\" cannot be in the view"), "{err}");
+        let err = refused("[history]\nchain = [\"default\", \"a\"]\n\nview = [\"a\"]\n");
+        assert_eq!(err.line, Some(4));
+        assert!(
+            err.message
+                .contains("plugin \"a\" is in both the chain and the view"),
+            "{err}"
+        );
+        let err = refused("[history]\nview = [\"a\", \"a\"]\n");
+        assert!(err.message.contains("listed twice in the view"), "{err}");
+        let err = refused("[history]\nview = \"role_pair\"\n");
+        assert!(
+            err.message.contains("`view` in [history] must be an array"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn plugin_keys_are_located() {
+        let config =
+            parse("[plugin.retention]\nplaceholder = \"x\"\n\n[plugin.retention.tools.search]\nturns = 2\n")
+                .unwrap();
+        assert_eq!(config.plugin_key_line("retention", "placeholder"), Some(2));
+        assert_eq!(config.plugin_key_line("retention", "tools.search.turns"), Some(5));
+        assert_eq!(
+            config.plugin_table("retention").unwrap().json,
+            serde_json::json!({"placeholder": "x", "tools": {"search": {"turns": 2}}})
+        );
+    }
+}

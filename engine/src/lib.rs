@@ -1,0 +1,51 @@
+//! The history chain engine: everything that runs a chain of history plugins, and
+//! nothing that talks to a user — no command line, no HTTP, no rendering. The binaries
+//! (`history-host`, `agentctl`) and the service crates build on this API.
+//!
+//! - [`Config`] (`plugins-enabled.toml`, validated with errors naming key and line);
+//! - [`Catalog`] / [`PluginLibrary`]: discovery in `plugin_dir` and loading, by
+//!   [`compat`]'s version rule and layout check;
+//! - [`Chain`]: the plugin instances and a run of them ([`Chain::run`]), every stage's
+//!   output checked ([`check`]) and faults handled by `on_plugin_error`;
+//! - [`turns`]: turns and message identities, derived once before the chain, and the
+//!   stamp a session puts on what enters;
+//! - [`tokens`]: the tokenizers offered to plugins, cached per message and by content;
+//! - [`services`]: what plugins reach through their contexts (token counting, logging,
+//!   summarizing);
+//! - [`document`]: the input document of a stateless call;
+//! - [`expand`]: restoring a compacted or omitted message's original content;
+//! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
+//!   `agentctl check` reports;
+//! - [`logging`]: the callback plugins log through.
+//!
+//! `ARCHITECTURE.md` at the workspace root shows how a turn flows through these.
+
+pub mod chain;
+pub mod check;
+pub mod compat;
+pub mod config;
+pub mod document;
+pub mod expand;
+mod loader;
+pub mod logging;
+mod o200k;
+pub mod selfcheck;
+pub mod services;
+pub mod summary;
+pub mod tokens;
+pub mod turns;
+
+pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, SharedChain, StageReport};
+pub use config::{Config, ConfigError, OnPluginError};
+pub use loader::{
+    host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, PluginLibrary, Refusal,
+};
+
+/// Loads the configuration, discovers the plugins and builds the chain: what every
+/// command that runs the chain does first. Errors are configuration or loading errors.
+pub fn load_chain(config_file: &std::path::Path) -> Result<(Config, Catalog, Chain), ConfigError> {
+    let config = Config::load(config_file)?;
+    let catalog = Catalog::discover(&config.plugin_dir).map_err(|e| config.error(None, e.0))?;
+    let chain = Chain::load(&config, &catalog)?;
+    Ok((config, catalog, chain))
+}

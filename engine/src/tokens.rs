@@ -1,0 +1,185 @@
+//! The host's token counter (SPEC §5.2): tiktoken's real `o200k_base` and `cl100k_base`
+//! encodings (embedded in tiktoken-rs, no network) and `chars4`, offered to every plugin
+//! through the host services (`services`). Counts are cached at two levels, so nothing is
+//! tokenized twice:
+//!
+//! - each message remembers its own count (a message shared from turn to turn is looked
+//!   up in O(1));
+//! - a message a plugin made (a merge, a changed copy, a message re-parsed from a resent
+//!   transcript) starts without one, so each of its items is looked up by content in
+//!   [`ItemCache`] before it is tokenized: a merge of two counted messages costs two
+//!   hashes, not a second tokenization.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use rustc_hash::FxHasher;
+
+use plugin_api::{Message, RArc, Tokenizer};
+
+/// The per-message overhead of SPEC §5.2's formula when nothing else is configured.
+pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
+
+/// Bytes handed to a BPE tokenizer since the process started (`cargo xtask bench` compares
+/// it with the bytes that entered: 1.0 means nothing was tokenized twice).
+static BYTES_TOKENIZED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes handed to a BPE tokenizer so far.
+pub fn bytes_tokenized() -> u64 {
+    BYTES_TOKENIZED.load(Ordering::Relaxed)
+}
+
+/// Tokens of one text.
+pub fn count_text(tokenizer: Tokenizer, text: &str) -> u64 {
+    if text.is_empty() {
+        return 0;
+    }
+    match tokenizer {
+        Tokenizer::Chars4 => (text.chars().count() as u64).div_ceil(4),
+        Tokenizer::O200kBase => {
+            BYTES_TOKENIZED.fetch_add(text.len() as u64, Ordering::Relaxed);
+            // tiktoken's counts, twice as fast as tiktoken-rs's encode (see `o200k`).
+            crate::o200k::count(text)
+        }
+        Tokenizer::Cl100kBase => {
+            BYTES_TOKENIZED.fetch_add(text.len() as u64, Ordering::Relaxed);
+            tiktoken_rs::cl100k_base_singleton().encode_ordinary(text).len() as u64
+        }
+    }
+}
+
+/// Token counts of item texts by content: (tokenizer, byte length, hash) → tokens.
+/// Counts by content are true for every session, so the cache is process-wide; it is
+/// split into shards by hash, so sessions counting at once on several threads rarely
+/// wait for each other. Bounded: a full shard starts over, which costs at most one more
+/// tokenization of what is still in use.
+struct ItemCache {
+    counts: HashMap<(Tokenizer, usize, u64), u64, BuildHasherDefault<FxHasher>>,
+}
+
+/// Items shorter than this are tokenized directly: hashing would cost about as much.
+const CACHED_ITEM_MIN_BYTES: usize = 32;
+const ITEM_CACHE_SHARDS: usize = 16;
+const ITEM_CACHE_ENTRIES_PER_SHARD: usize = (1 << 18) / ITEM_CACHE_SHARDS;
+
+/// The shard of the cache that holds `hash`.
+fn item_cache(hash: u64) -> &'static Mutex<ItemCache> {
+    static CACHE: OnceLock<Vec<Mutex<ItemCache>>> = OnceLock::new();
+    let shards = CACHE.get_or_init(|| {
+        (0..ITEM_CACHE_SHARDS)
+            .map(|_| {
+                Mutex::new(ItemCache {
+                    counts: HashMap::default(),
+                })
+            })
+            .collect()
+    });
+    // The high bits: FxHash's low bits are the weakest.
+    &shards[(hash >> 60) as usize % ITEM_CACHE_SHARDS]
+}
+
+/// Tokens of one item, through the content cache for the BPE tokenizers.
+fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
+    if tokenizer == Tokenizer::Chars4 || text.len() < CACHED_ITEM_MIN_BYTES {
+        return count_text(tokenizer, text);
+    }
+    let hash = BuildHasherDefault::<FxHasher>::default().hash_one(text);
+    let key = (tokenizer, text.len(), hash);
+    let cache = item_cache(hash);
+    if let Some(&count) = cache.lock().unwrap_or_else(|e| e.into_inner()).counts.get(&key) {
+        return count;
+    }
+    let count = count_text(tokenizer, text);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.counts.len() >= ITEM_CACHE_ENTRIES_PER_SHARD {
+        cache.counts.clear();
+    }
+    cache.counts.insert(key, count);
+    count
+}
+
+/// Σ tokens(item) over a message's items, remembered on the message.
+pub(crate) fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
+    let memo = message.token_memo();
+    if let Some(count) = memo.get(tokenizer.slot()) {
+        return count;
+    }
+    let count = message
+        .token_items()
+        .map(|item| count_item(tokenizer, item))
+        .sum();
+    memo.set(tokenizer.slot(), count);
+    count
+}
+
+/// A message's tokens: `per_message + Σ tokens(item)`.
+pub fn message_tokens(tokenizer: Tokenizer, message: &Message, per_message: u64) -> u64 {
+    per_message + content_tokens(tokenizer, message)
+}
+
+/// A history's tokens with the default per-message overhead.
+pub fn history_tokens(tokenizer: Tokenizer, history: &[RArc<Message>]) -> u64 {
+    history
+        .iter()
+        .map(|m| message_tokens(tokenizer, m, PER_MESSAGE_TOKENS))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::wire::history_from_str;
+
+    #[test]
+    fn real_encodings_and_chars4_count_items_separately() {
+        assert_eq!(count_text(Tokenizer::O200kBase, "hello world"), 2);
+        assert_eq!(count_text(Tokenizer::Cl100kBase, "hello world"), 2);
+        assert_eq!(count_text(Tokenizer::Chars4, "héllo"), 2);
+        let history = history_from_str(
+            r#"[{"role":"assistant","content":"abcde","tool_calls":[{"id":"1","function":{"name":"get","arguments":"{}"}}]}]"#,
+        )
+        .unwrap();
+        // items: "abcde" → 2, "get" → 1, "{}" → 1
+        assert_eq!(message_tokens(Tokenizer::Chars4, &history[0], 3), 7);
+    }
+
+    #[test]
+    fn a_merged_or_reparsed_message_is_counted_from_the_item_cache() {
+        let text = "a tool result long enough to be worth caching by content, unique 7f3a";
+        let one = history_from_str(&format!(
+            r#"[{{"role":"tool","tool_call_id":"c","content":"{text}"}}]"#
+        ))
+        .unwrap();
+        let first = content_tokens(Tokenizer::O200kBase, &one[0]);
+        // The same content in a new message (a merge's part, a re-parsed transcript).
+        let again = history_from_str(&format!(
+            r#"[{{"role":"user","content":[{{"type":"text","text":"{text}"}},{{"type":"text","text":"{text}"}}]}}]"#
+        ))
+        .unwrap();
+        // Its items are in the content cache, so counting `again` tokenizes nothing.
+        let key = (
+            Tokenizer::O200kBase,
+            text.len(),
+            BuildHasherDefault::<FxHasher>::default().hash_one(text),
+        );
+        assert_eq!(item_cache(key.2).lock().unwrap().counts.get(&key), Some(&first));
+        assert_eq!(content_tokens(Tokenizer::O200kBase, &again[0]), 2 * first);
+    }
+
+    #[test]
+    fn a_counted_message_is_not_tokenized_again() {
+        let history = history_from_str(r#"[{"role":"user","content":"some words to count once"}]"#).unwrap();
+        let first = content_tokens(Tokenizer::O200kBase, &history[0]);
+        let before = bytes_tokenized();
+        assert_eq!(content_tokens(Tokenizer::O200kBase, &history[0]), first);
+        // Other tests may tokenize concurrently, but never this message's bytes again
+        // through this call: the memo answered.
+        assert_eq!(
+            history[0].token_memo().get(Tokenizer::O200kBase.slot()),
+            Some(first)
+        );
+        let _ = before;
+    }
+}

@@ -1,0 +1,243 @@
+//! `history-host`: runs the configured chain of history plugins (SPEC §6.1).
+//!
+//! Exit status: 0 done; 2 bad input; 3 a configuration or plugin-loading error; 4 a turn
+//! failed by a plugin under `on_plugin_error = "fail"`. On any error one line goes to
+//! stderr and nothing to stdout.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use history_engine::document::parse_document;
+use history_engine::expand::{expand as expand_message, Target};
+use history_engine::{load_chain, logging, stateless_context, turns, Call};
+use plugin_api::wire::write_message;
+use plugin_api::{Message, RArc};
+
+mod explain;
+
+#[derive(Parser)]
+#[command(
+    name = "history-host",
+    version,
+    about = "Runs a chain of LLM conversation-history plugins"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reads a history, runs the chain once, writes the resulting history (a JSON array).
+    Process {
+        /// The chain configuration.
+        #[arg(long, default_value = "plugins-enabled.toml")]
+        config: PathBuf,
+        /// The model of the call (wins over the document's `model`; default `default`).
+        #[arg(long)]
+        model: Option<String>,
+        /// The input document: a JSON array of messages or {"model", "turn", "messages"};
+        /// `-` reads stdin.
+        #[arg(long, default_value = "-")]
+        input: String,
+        /// Prints to stderr, per plugin: messages and tokens in and out, and its events.
+        #[arg(long)]
+        explain: bool,
+        /// A previous output of this chain (e.g. last turn's stdout): the report shows,
+        /// per plugin and for the final output, the first message whose bytes differ
+        /// from it (`prefix_kept`, what each plugin costs the provider's prompt cache).
+        #[arg(long, value_name = "FILE")]
+        previous: Option<String>,
+        /// Also writes the working history (the chain's output before the view stages) to
+        /// FILE: what a stateless caller resends next turn instead of its whole transcript.
+        #[arg(long, value_name = "FILE")]
+        working_out: Option<PathBuf>,
+    },
+    /// Restores the original content of one compacted or omitted message of a history and
+    /// writes the history; the message is marked `expanded` so no plugin shortens it again.
+    Expand {
+        /// The message's position in the history (0-based).
+        #[arg(long, value_name = "I", conflicts_with = "id", required_unless_present = "id")]
+        index: Option<usize>,
+        /// The message's `metadata.id`.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// The history: a JSON array of messages or {"model", "turn", "messages"}; `-` reads stdin.
+        #[arg(long, default_value = "-")]
+        input: String,
+    },
+}
+
+/// An error with its exit status.
+struct Failure {
+    status: u8,
+    message: String,
+}
+
+fn bad_input(message: String) -> Failure {
+    Failure { status: 2, message }
+}
+
+fn main() -> ExitCode {
+    logging::one_line_panics("history-host");
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Process {
+            config,
+            model,
+            input,
+            explain,
+            previous,
+            working_out,
+        } => process(&ProcessArgs {
+            config_file: &config,
+            model,
+            input: &input,
+            explain,
+            previous: previous.as_deref(),
+            working_out: working_out.as_deref(),
+        }),
+        Command::Expand { index, id, input } => expand(index, id.as_deref(), &input),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("history-host: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}
+
+/// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter
+/// (`tracing_subscriber::EnvFilter` syntax, default `info`: one summary line per run).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
+fn read_input(input: &str) -> Result<Vec<u8>, Failure> {
+    let mut bytes = Vec::new();
+    let result = if input == "-" {
+        std::io::stdin().read_to_end(&mut bytes).map(|_| ())
+    } else {
+        std::fs::File::open(input)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map(|_| ())
+    };
+    result.map_err(|err| bad_input(format!("cannot read input {input}: {err}")))?;
+    Ok(bytes)
+}
+
+/// What `process` was asked to do.
+struct ProcessArgs<'a> {
+    config_file: &'a Path,
+    model: Option<String>,
+    input: &'a str,
+    explain: bool,
+    previous: Option<&'a str>,
+    working_out: Option<&'a Path>,
+}
+
+fn process(args: &ProcessArgs<'_>) -> Result<(), Failure> {
+    let ProcessArgs {
+        config_file,
+        input,
+        explain,
+        previous,
+        ..
+    } = *args;
+    let (config, _catalog, chain) = load_chain(config_file).map_err(|err| Failure {
+        status: 3,
+        message: err.to_string(),
+    })?;
+    let document = parse_document(&read_input(input)?).map_err(|err| bad_input(err.0))?;
+    let previous = match previous {
+        None => None,
+        Some("-") => return Err(bad_input("--previous must name a file, not stdin".into())),
+        Some(file) => Some(
+            parse_document(&read_input(file)?)
+                .map_err(|err| bad_input(format!("previous output {file}: {}", err.0)))?
+                .messages,
+        ),
+    };
+
+    let model_name = args
+        .model
+        .clone()
+        .or(document.model)
+        .unwrap_or_else(|| "default".to_string());
+    let model = config.model(&model_name);
+    let turn = turns::current_turn(&document.messages, document.turn);
+    let tokenizer = model.tokenizer.as_str();
+    let ctx = stateless_context(&config, model, turn);
+    let run = chain
+        .run_compared(document.messages, &ctx, Call::Process, previous.as_deref())
+        .map_err(|failure| Failure {
+            status: 4,
+            message: failure.to_string(),
+        })?;
+
+    tracing::info!("{}", history_engine::summary::summary_line(&run));
+    if explain {
+        eprint!(
+            "{}",
+            explain::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx)
+        );
+    } else if let Some(kept) = run.prefix_kept {
+        tracing::info!(
+            "prefix_kept: {kept} of {} messages as in the previous output",
+            run.history.len()
+        );
+    }
+    if let Some(file) = args.working_out {
+        std::fs::write(file, history_json(&run.working)).map_err(|err| Failure {
+            status: 5,
+            message: format!("cannot write the working history to {}: {err}", file.display()),
+        })?;
+    }
+    write_history(&run.history)
+}
+
+/// `expand`: one message of a stateless history restored.
+fn expand(index: Option<usize>, id: Option<&str>, input: &str) -> Result<(), Failure> {
+    let document = parse_document(&read_input(input)?).map_err(|err| bad_input(err.0))?;
+    let mut history = document.messages;
+    let turn = turns::current_turn(&history, document.turn);
+    let target = match (index, id) {
+        (_, Some(id)) => Target::ById(id),
+        (Some(index), None) => Target::ByIndex(index),
+        (None, None) => return Err(bad_input("expand needs --index I or --id ID".into())),
+    };
+    let event = expand_message(&mut history, target, turn).map_err(|err| bad_input(err.to_string()))?;
+    tracing::info!("{}: {}", event.kind.as_str(), event.reason);
+    write_history(&history)
+}
+
+/// A history as the JSON array `process` prints: one message per line.
+fn history_json(history: &[RArc<Message>]) -> String {
+    let mut out = String::from("[");
+    for (i, message) in history.iter().enumerate() {
+        out.push_str(if i == 0 { "\n" } else { ",\n" });
+        write_message(&mut out, message);
+    }
+    out.push_str("\n]\n");
+    out
+}
+
+fn write_history(history: &[RArc<Message>]) -> Result<(), Failure> {
+    let out = history_json(history);
+    let mut stdout = std::io::stdout().lock();
+    // A closed stdout (e.g. `| head`) is not worth a second error line.
+    let _ = stdout.write_all(out.as_bytes()).and_then(|_| stdout.flush());
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! Fault containment (SPEC §4.4, §3.2): a panicking plugin, a plugin that returns an
+//! invalid history, and plugins built against another `plugin-api` — each a real library
+//! built by the test, loaded by the real host.
+
+use e2e_tests::fixtures::{
+    changed_api_version, fixture_library, plugin_built_against_changed_api, plugin_dir_with, ApiChange,
+};
+use e2e_tests::{describe, json, TestConfig};
+use history_engine::host_api_version;
+
+const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
+    {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"search","arguments":"{}"}}]},
+    {"role":"tool","tool_call_id":"c1","content":"found"},
+    {"role":"assistant","content":"done"}]"#;
+
+fn config(chain: &str, on_error: &str, dir: &std::path::Path) -> TestConfig {
+    TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = {chain}\non_plugin_error = \"{on_error}\"\n",
+        dir.display().to_string()
+    ))
+}
+
+#[test]
+fn a_panicking_plugin_is_skipped_and_the_history_passed_on() {
+    let dir = plugin_dir_with(&[&fixture_library("panicker")]);
+    let config = config(r#"["default", "panicker"]"#, "skip", dir.path());
+    let output = config.process(&["--explain"], HISTORY);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(HISTORY));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("plugin \"panicker\" skipped"), "{stderr}");
+    assert!(stderr.contains("fixture panic with 5 messages"), "{stderr}");
+    assert!(
+        !stderr.contains("stack backtrace") && !stderr.contains("RUST_BACKTRACE"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_panicking_plugin_fails_the_turn_under_fail_with_its_message() {
+    let dir = plugin_dir_with(&[&fixture_library("panicker")]);
+    let config = config(r#"["default", "panicker"]"#, "fail", dir.path());
+    let output = config.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap();
+    assert!(
+        last.starts_with("history-host: plugin \"panicker\" failed: panicked at"),
+        "{stderr}"
+    );
+    assert!(last.contains("fixture panic with 5 messages"), "{stderr}");
+
+    // In-process too: the host keeps running after the plugin panicked.
+    let run = config.run("default", HISTORY, None);
+    assert_eq!(run.unwrap_err().plugin, "panicker");
+    let again = config.run("default", HISTORY, None);
+    assert!(again.is_err(), "the host still serves calls after a plugin panic");
+}
+
+#[test]
+fn an_invalid_output_is_named_by_the_check() {
+    let dir = plugin_dir_with(&[&fixture_library("orphan_maker")]);
+    let failing = config(r#"["default", "orphan_maker"]"#, "fail", dir.path());
+    let failure = failing.run("default", HISTORY, None).unwrap_err();
+    assert_eq!(failure.plugin, "orphan_maker");
+    assert!(
+        failure.message.contains("invalid output")
+            && failure.message.contains("tool result \"c1\" answers no call"),
+        "{failure}"
+    );
+
+    let skipping = config(r#"["default", "orphan_maker"]"#, "skip", dir.path());
+    let run = skipping.run("default", HISTORY, None).unwrap();
+    assert_eq!(
+        e2e_tests::run_json(&run),
+        json(HISTORY),
+        "skip passes the input on"
+    );
+    let report = &run.stages[1];
+    assert!(
+        report.skipped.as_deref().unwrap().contains("answers no call"),
+        "{report:?}"
+    );
+}
+
+fn refusal_line(change: ApiChange) -> (String, TestConfig, tempfile::TempDir) {
+    let library = plugin_built_against_changed_api(change);
+    let dir = plugin_dir_with(&[&library]);
+    let config = config(r#"["default"]"#, "fail", dir.path());
+    let output = config.process(&[], HISTORY);
+    assert!(
+        output.status.success(),
+        "the rest of the chain still loads: {}",
+        describe(&output)
+    );
+    assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(HISTORY));
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    let refusals: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("refused plugin library"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "one line: {stderr}");
+    assert!(
+        refusals[0].contains(&library.file_name().unwrap().to_string_lossy().to_string()),
+        "{stderr}"
+    );
+    (refusals[0].to_string(), config, dir)
+}
+
+#[test]
+fn a_plugin_with_another_layout_is_refused_in_one_line() {
+    let (line, config, _dir) = refusal_line(ApiChange::Layout);
+    let version = host_api_version();
+    assert!(
+        line.contains(&format!("plugin-api {version} (plugin) vs {version} (host)")),
+        "{line}"
+    );
+    assert!(
+        line.contains("layout differs") && line.contains("variants"),
+        "{line}"
+    );
+    assert!(line.len() < 400, "one short line, not a layout dump: {line}");
+
+    // Enabling it is a loading error (exit 3) that carries the same reason.
+    let text = std::fs::read_to_string(&config.path).unwrap();
+    std::fs::write(
+        &config.path,
+        text.replace(r#"["default"]"#, r#"["default", "changed_layout"]"#),
+    )
+    .unwrap();
+    let output = config.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .contains("\"changed_layout\" in the chain cannot be loaded"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plugin_built_against_another_minor_version_is_refused_in_one_line() {
+    let (line, _config, _dir) = refusal_line(ApiChange::Version);
+    let (plugin, host) = (changed_api_version(ApiChange::Version), host_api_version());
+    assert!(
+        line.contains(&format!("plugin-api {plugin} (plugin) vs {host} (host)")),
+        "{line}"
+    );
+    assert!(line.contains("minor must match"), "{line}");
+}
+
+#[test]
+fn a_plugin_built_against_a_newer_patch_is_refused_in_one_line() {
+    let (line, _config, _dir) = refusal_line(ApiChange::NewerPatch);
+    let (plugin, host) = (changed_api_version(ApiChange::NewerPatch), host_api_version());
+    assert!(
+        line.contains(&format!("plugin-api {plugin} (plugin) vs {host} (host)")),
+        "{line}"
+    );
+    assert!(line.contains("newer plugin-api"), "{line}");
+}

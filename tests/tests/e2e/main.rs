@@ -1,0 +1,25 @@
+//! The end-to-end tests: one test binary (linked once, so a cold `cargo xtask test` does
+//! not link a binary per file), one module per concern. They run the real binaries
+//! (`history-host`, `agentctl`) and load the real plugin libraries that `cargo xtask
+//! build` installed; fixture plugins are built by `e2e_tests::fixtures`. Shared helpers
+//! live in the `e2e_tests` library (`tests/src`) and, for the property tests, `common`.
+
+mod common;
+
+mod agentctl;
+mod bad_input;
+mod config_errors;
+mod default_plugin;
+mod expand_explain;
+mod faults;
+mod full_chain;
+mod host_services;
+mod process_cli;
+mod properties;
+mod retention;
+mod role_pair;
+mod scaffold;
+mod token_budget;
+mod tool_result_filter;
+mod wire_fidelity;
+mod working_history;
