@@ -107,6 +107,8 @@
 //!   refuses every plugin built before it.
 //! - The root module ([`PluginMod`]) is frozen, even at its end: a host whose root module
 //!   grew would refuse every plugin built before it.
+//! - Changes that cross nothing (helpers, [`wire`], [`structure`], docs) are patch
+//!   releases too.
 //!
 //! The workspace's end-to-end tests keep a plugin built against the previous release (a
 //! snapshot of that release's source under `tests/fixtures/`) and run it beside the

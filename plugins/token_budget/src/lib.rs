@@ -8,7 +8,7 @@
 //! unchanged. With `target_tokens` the cut is quantized so it stays put for many turns and
 //! the provider's prompt cache survives.
 //!
-//! Tokens are counted by the host (`ctx.tokens`), which remembers each message's count on
+//! Tokens are counted by the host (`ctx.tokens()`), which remembers each message's count on
 //! the message: a long conversation is not re-tokenized every turn.
 
 use history_trim::{Pins, Window};
