@@ -11,7 +11,7 @@ use plugin_api::{
 use crate::check::{check_faults, check_output, is_passthrough, is_selection};
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::loader::{Catalog, PluginLibrary, Unavailable};
-use crate::{logging, tokens, turns};
+use crate::{logging, services, tokens, turns};
 
 /// One loaded plugin instance in the chain.
 pub struct Stage {
@@ -104,7 +104,7 @@ fn load_context(config: &Config, name: &str) -> LoadContext {
         config_json: config_json.into(),
         agent_max_ctx: config.agent_max_ctx,
         models: config.models_for_validation().into(),
-        log: logging::logger(),
+        services: services::SERVICES,
     }
 }
 
@@ -448,8 +448,7 @@ pub fn stateless_context(config: &Config, model: ModelInfo, turn: u64) -> Contex
         turn,
         last_active: ROption::RNone,
         expiration_override: ROption::RNone,
-        tokens: tokens::counter(),
-        log: logging::logger(),
+        services: services::SERVICES,
     }
 }
 

@@ -4,13 +4,15 @@
 //!
 //! - [`Config`] (`plugins-enabled.toml`, validated with errors naming key and line);
 //! - [`Catalog`] / [`PluginLibrary`]: discovery in `plugin_dir` (nothing mapped) and
-//!   loading of what is needed; [`probe`]: loading a library in a child process, for what
-//!   looks at every file;
+//!   loading of what is needed, by [`compat`]'s version rule and layout check; [`probe`]:
+//!   loading a library in a child process, for what looks at every file;
 //! - [`Chain`]: the plugin instances and a run of them ([`Chain::run`]), every stage's
 //!   output checked ([`check`]) and faults handled by `on_plugin_error`;
 //! - [`turns`]: turns and message identities, derived once before the chain, and the
 //!   stamp a session puts on what enters;
 //! - [`tokens`]: the tokenizers offered to plugins, cached per message and by content;
+//! - [`services`]: what plugins reach through their contexts (token counting, logging,
+//!   summarizing);
 //! - [`document`]: the input document of a stateless call;
 //! - [`expand`]: restoring a compacted or omitted message's original content;
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
@@ -23,6 +25,7 @@
 
 pub mod chain;
 pub mod check;
+pub mod compat;
 pub mod config;
 pub mod document;
 mod elf;
@@ -33,6 +36,7 @@ mod o200k;
 pub mod output;
 pub mod probe;
 pub mod selfcheck;
+pub mod services;
 pub mod summary;
 pub mod tokens;
 pub mod turns;

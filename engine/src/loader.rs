@@ -1,9 +1,11 @@
 //! Discovery and loading of plugin libraries (SPEC §3.2, §3.4).
 //!
-//! Each file is loaded with `lib_header_from_path` + `init_root_module` — never
-//! `RootModule::load_from_file`, which caches one module per type and would hand back the
-//! first plugin for every later path. Libraries are never unloaded. A library built
-//! against another `plugin-api` is refused before any of its code runs, in one line.
+//! Each file is loaded with `lib_header_from_path` + `init_root_module_with_unchecked_layout`
+//! — never `RootModule::load_from_file`, which caches one module per type and would hand
+//! back the first plugin for every later path. Libraries are never unloaded. A library
+//! built against an incompatible `plugin-api` is refused before any of its code runs, in
+//! one line: versions and layouts are checked here first, by [`crate::compat`]'s rules,
+//! which let a plugin built against an older `plugin-api` of the same `0.y` load.
 //!
 //! Mapping a library runs its code (its constructors) and trusts its headers, so nothing
 //! is mapped that is not needed. Discovery ([`Catalog::discover`]) only lists the files
@@ -17,9 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use abi_stable::abi_stability::abi_checking::{
-    check_layout_compatibility, AbiInstability, AbiInstabilityErrors,
-};
+use abi_stable::abi_stability::abi_checking::{AbiInstability, AbiInstabilityErrors};
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use abi_stable::type_layout::TLFieldOrFunction;
 use abi_stable::StableAbi;
@@ -110,29 +110,28 @@ impl PluginLibrary {
             PluginModRef::VERSION_STRINGS.parsed(),
             header.version_strings().parsed(),
         ) {
-            if !host.is_compatible(plugin) {
-                let why = if host.major != plugin.major || (host.major == 0 && host.minor != plugin.minor) {
-                    "incompatible versions (within 0.y the minor must match)"
-                } else {
-                    "the plugin was built against an older patch than the host requires"
-                };
+            if let Err(why) = crate::compat::check_versions(host, plugin) {
                 return Err(refuse(format!("{versions}: {why}"), None));
             }
         }
-        if let Some(layout) = header.layout() {
-            if let Err(errors) = check_layout_compatibility(<PluginModRef as StableAbi>::LAYOUT, layout) {
-                return Err(refuse(
-                    format!("{versions}: layout differs: {}", first_mismatch(&errors)),
-                    Some(errors.to_string()),
-                ));
-            }
+        let Some(layout) = header.layout() else {
+            return Err(refuse(format!("{versions}: it carries no layout to check"), None));
+        };
+        if let Err(errors) = crate::compat::check_layout(<PluginModRef as StableAbi>::LAYOUT, layout) {
+            return Err(refuse(
+                format!("{versions}: layout differs: {}", first_mismatch(&errors)),
+                Some(errors.to_string()),
+            ));
         }
-        let module = header.init_root_module::<PluginModRef>().map_err(|err| {
-            refuse(
-                format!("{versions}: {}", first_line(&err.to_string())),
-                Some(err.to_string()),
-            )
-        })?;
+        // SAFETY: the layout was checked just above. abi_stable's own check (in
+        // `init_root_module`) would refuse a plugin built before the host's ABI grew.
+        let module =
+            unsafe { header.init_root_module_with_unchecked_layout::<PluginModRef>() }.map_err(|err| {
+                refuse(
+                    format!("{versions}: {}", first_line(&err.to_string())),
+                    Some(err.to_string()),
+                )
+            })?;
 
         let name = module.name()().to_string();
         let version = module.version()().to_string();

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use plugin_api::{echo, LogLevel, Logger, RStr};
+use plugin_api::{echo, LogLevel, RStr};
 
 thread_local! {
     static CURRENT_PLUGIN: RefCell<String> = const { RefCell::new(String::new()) };
@@ -18,7 +18,8 @@ pub(crate) fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
     result
 }
 
-extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
+/// Writes a plugin's log line (the host services' `log`), naming the running plugin.
+pub extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
     CURRENT_PLUGIN.with(|plugin| {
         let plugin = plugin.borrow();
         // A plugin's line stays one line: no newline or escape sequence gets through.
@@ -30,11 +31,6 @@ extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
             LogLevel::Debug => tracing::debug!(plugin = %plugin, "{message}"),
         }
     });
-}
-
-/// The logger handed to plugins.
-pub fn logger() -> Logger {
-    Logger::new(plugin_log)
 }
 
 /// Makes a panic (a bug) end in one line on stderr, `PROGRAM: internal error: …`, never a

@@ -1,6 +1,6 @@
 //! The host's token counter (SPEC §5.2): tiktoken's real `o200k_base` and `cl100k_base`
 //! encodings (embedded in tiktoken-rs, no network) and `chars4`, offered to every plugin
-//! through [`plugin_api::TokenCounter`]. Counts are cached at two levels, so nothing is
+//! through the host services (`services`). Counts are cached at two levels, so nothing is
 //! tokenized twice:
 //!
 //! - each message remembers its own count (a message shared from turn to turn is looked
@@ -11,14 +11,13 @@
 //!   hashes, not a second tokenization.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use rustc_hash::FxHasher;
 
-use plugin_api::{Message, RArc, RStr, TokenCounter, Tokenizer};
+use plugin_api::{Message, RArc, Tokenizer};
 
 /// The per-message overhead of SPEC §5.2's formula when nothing else is configured.
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
@@ -126,21 +125,6 @@ pub fn history_tokens(tokenizer: Tokenizer, history: &[RArc<Message>]) -> u64 {
         .iter()
         .map(|m| message_tokens(tokenizer, m, PER_MESSAGE_TOKENS))
         .sum()
-}
-
-unsafe extern "C" fn count_text_abi(_: *const c_void, tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
-    count_text(tokenizer, text.as_str())
-}
-
-unsafe extern "C" fn count_content_abi(_: *const c_void, tokenizer: Tokenizer, message: &Message) -> u64 {
-    content_tokens(tokenizer, message)
-}
-
-/// The counter handed to plugins (it keeps no state of its own: the encodings are
-/// process-wide and the counts live on the messages).
-pub fn counter() -> TokenCounter {
-    // SAFETY: the state pointer is never dereferenced.
-    unsafe { TokenCounter::new(std::ptr::null(), count_text_abi, count_content_abi) }
 }
 
 #[cfg(test)]

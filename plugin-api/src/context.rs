@@ -1,10 +1,9 @@
 //! What the host hands a plugin: the per-call [`Context`] (SPEC §3.1), the
-//! [`LoadContext`] of `new`, and the host services inside them (logging, token counting).
-
-use std::ffi::c_void;
+//! [`LoadContext`] of `new`, and the host services inside them (logging, token counting,
+//! summarizing).
 
 use abi_stable::{
-    std_types::{ROption, RStr, RString, RVec},
+    std_types::{ROption, RResult, RStr, RString, RVec},
     StableAbi,
 };
 
@@ -82,27 +81,54 @@ pub enum LogLevel {
     Debug,
 }
 
-/// The host's logging callback. A plugin has its own copy of `std` and `tracing`, so its
-/// log lines reach the host's log only through this (SPEC §3.2).
+/// The services the host offers plugins, reached through [`Context`] and [`LoadContext`]
+/// ([`Context::tokens`], [`Context::log`], [`Context::summarize`]).
+///
+/// This is an abi_stable *prefix type*: it crosses the boundary as [`HostServicesRef`], a
+/// pointer to the host's instance together with the number of fields that instance has.
+/// The fields up to `log` (marked `last_prefix_field`) are the ones every host of this
+/// `0.y` has. A service added later goes **after** them, in a patch release; its accessor
+/// returns `None` when the host that built the instance predates it, so a plugin built
+/// against an older `plugin-api` of the same `0.y` still loads in a newer host (it simply
+/// does not know the new service), and the plugin-side method of a new service answers
+/// "not available in this host" instead of reading past the host's instance.
+///
+/// Made by the host (one process-wide instance); plugins use the methods of the contexts,
+/// never these fields.
 #[repr(C)]
-#[derive(StableAbi, Clone, Copy)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = HostServicesRef)))]
+pub struct HostServices {
+    /// Tokens of one text (see [`TokenCounter::text`]).
+    pub count_text: extern "C" fn(Tokenizer, RStr<'_>) -> u64,
+    /// Σ tokens(item) over a message's items, cached on the message
+    /// (see [`TokenCounter::content`]).
+    pub count_content: extern "C" fn(Tokenizer, &Message) -> u64,
+    /// Writes a plugin's log line into the host's log (see [`Logger`]).
+    #[sabi(last_prefix_field)]
+    pub log: extern "C" fn(LogLevel, RStr<'_>),
+    // New services go below, each with a line saying which release added it.
+    /// Summarizes `text` (the first `RStr`) in about the target number of characters, for
+    /// the purpose (the second `RStr`); see [`Context::summarize`]. Added in 0.2.1.
+    pub summarize: extern "C" fn(RStr<'_>, u64, RStr<'_>) -> RResult<RString, RString>,
+}
+
+impl std::fmt::Debug for HostServicesRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostServices")
+    }
+}
+
+/// The host's log, for a plugin's log lines. A plugin has its own copy of `std` and
+/// `tracing`, so its log lines reach the host's log only through this.
+#[derive(Clone, Copy)]
 pub struct Logger {
-    write: extern "C" fn(LogLevel, RStr<'_>),
+    services: HostServicesRef,
 }
 
 impl Logger {
-    /// Made by the host.
-    #[doc(hidden)]
-    pub const fn new(write: extern "C" fn(LogLevel, RStr<'_>)) -> Self {
-        Logger { write }
-    }
-    /// A logger that drops every line (for unit tests of a plugin).
-    pub const fn discard() -> Self {
-        extern "C" fn discard(_: LogLevel, _: RStr<'_>) {}
-        Logger { write: discard }
-    }
     pub fn log(&self, level: LogLevel, message: &str) {
-        (self.write)(level, message.into());
+        (self.services.log())(level, message.into());
     }
     pub fn error(&self, message: &str) {
         self.log(LogLevel::Error, message);
@@ -126,40 +152,21 @@ impl std::fmt::Debug for Logger {
 
 /// The host's token counter: real tiktoken encodings loaded once in the host, with each
 /// message's count remembered on the message so nothing is tokenized twice (SPEC §5.2, §8).
-#[repr(C)]
-#[derive(StableAbi, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct TokenCounter {
-    state: *const c_void,
-    count_text: unsafe extern "C" fn(*const c_void, Tokenizer, RStr<'_>) -> u64,
-    count_content: unsafe extern "C" fn(*const c_void, Tokenizer, &Message) -> u64,
+    services: HostServicesRef,
 }
 
 impl TokenCounter {
-    /// Made by the host. `state` must outlive every call made through this counter.
-    #[doc(hidden)]
-    pub const unsafe fn new(
-        state: *const c_void,
-        count_text: unsafe extern "C" fn(*const c_void, Tokenizer, RStr<'_>) -> u64,
-        count_content: unsafe extern "C" fn(*const c_void, Tokenizer, &Message) -> u64,
-    ) -> Self {
-        TokenCounter {
-            state,
-            count_text,
-            count_content,
-        }
-    }
-
     /// Tokens of one piece of text (ordinary encoding, no special tokens).
     pub fn text(&self, tokenizer: Tokenizer, text: &str) -> u64 {
-        // SAFETY: the host guarantees `state` lives as long as the context holding us.
-        unsafe { (self.count_text)(self.state, tokenizer, text.into()) }
+        (self.services.count_text())(tokenizer, text.into())
     }
 
     /// Σ tokens(item) over a message's items (SPEC §5.2), without the per-message
     /// overhead. Cached on the message.
     pub fn content(&self, tokenizer: Tokenizer, message: &Message) -> u64 {
-        // SAFETY: as above.
-        unsafe { (self.count_content)(self.state, tokenizer, message) }
+        (self.services.count_content())(tokenizer, message)
     }
 
     /// A message's tokens by SPEC §5.2: `per_message_tokens + Σ tokens(item)`.
@@ -191,8 +198,46 @@ pub struct Context {
     pub last_active: ROption<RString>,
     /// The session's expiration override (SPEC §5.5), if any.
     pub expiration_override: ROption<ExpirationOverride>,
-    pub tokens: TokenCounter,
-    pub log: Logger,
+    /// The host's services: use [`Context::tokens`], [`Context::log`].
+    pub services: HostServicesRef,
+}
+
+impl Context {
+    /// The host's token counter.
+    pub fn tokens(&self) -> TokenCounter {
+        TokenCounter {
+            services: self.services,
+        }
+    }
+
+    /// The host's log, for this plugin's log lines.
+    pub fn log(&self) -> Logger {
+        Logger {
+            services: self.services,
+        }
+    }
+
+    /// Asks the host's summarizer for a plain-text summary of `text` in at most about
+    /// `target_chars` characters (a character is a `char`). `purpose` says what the summary
+    /// is for, in a few words (e.g. `"old tool result"`); the host's prompt uses it, and
+    /// its cache tells summaries of one text for different purposes apart.
+    ///
+    /// The answer is `Err` when the host has no summarizer configured, when the call fails
+    /// or times out, and when the host predates this service (plugin-api 0.2.1): always
+    /// have a fallback (e.g. the text's first characters) and report the reason.
+    pub fn summarize(&self, text: &str, target_chars: usize, purpose: &str) -> Result<String, String> {
+        let Some(summarize) = self.services.summarize() else {
+            return Err(
+                "summarize is not available in this host (it needs a host built with plugin-api 0.2.1 \
+                 or newer)"
+                    .to_string(),
+            );
+        };
+        summarize(text.into(), target_chars as u64, purpose.into())
+            .into_result()
+            .map(RString::into_string)
+            .map_err(RString::into_string)
+    }
 }
 
 /// What `new` gets: the plugin's own config table and what it may be checked against.
@@ -206,5 +251,22 @@ pub struct LoadContext {
     /// Every listed model, so values that depend on a model (a budget ≤ 0, a target not
     /// below its limit) are checked at load (SPEC §4.1).
     pub models: RVec<ModelInfo>,
-    pub log: Logger,
+    /// The host's services: use [`LoadContext::log`], [`LoadContext::tokens`].
+    pub services: HostServicesRef,
+}
+
+impl LoadContext {
+    /// The host's log, for this plugin's log lines.
+    pub fn log(&self) -> Logger {
+        Logger {
+            services: self.services,
+        }
+    }
+
+    /// The host's token counter (e.g. to count a fixed text once, at load).
+    pub fn tokens(&self) -> TokenCounter {
+        TokenCounter {
+            services: self.services,
+        }
+    }
 }

@@ -37,7 +37,7 @@
 //!     }
 //!
 //!     fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
-//!         ctx.log.debug("keep_last ran");
+//!         ctx.log().debug("keep_last ran");
 //!         let start = history.len().saturating_sub(self.keep);
 //!         // Cloning an RArc shares the message: nothing is copied.
 //!         Ok(Output::new(history[start..].iter().cloned(), Vec::new()))
@@ -61,22 +61,72 @@
 //! - Report what you did as [`Event`]s; log through [`Context::log`] (your plugin has its
 //!   own copy of `std` and `tracing`, so only this callback reaches the host's log).
 //! - Count tokens with [`Context::tokens`]: the host's real tokenizers, cached per message.
+//! - Ask the host for a summary with [`Context::summarize`] (no network or provider SDK in
+//!   a plugin); it may answer `Err` (no summarizer configured, a failed call, an older
+//!   host), so always have a fallback.
 //! - A panic is caught at the boundary and becomes an error; build with
 //!   `panic = "unwind"` (the default; `abort` is a compile error in [`export_plugin!`]).
 //!
 //! ## ABI stability
 //!
 //! Every type that crosses the boundary is `#[repr(C)]` and derives `StableAbi`; the host
-//! checks a plugin's layout at load and refuses a mismatch in one line before any plugin
-//! code runs. The rules for changing this crate:
+//! checks a plugin's `plugin-api` version and layout at load and refuses a mismatch in one
+//! line before any plugin code runs.
 //!
-//! - The root module ([`PluginMod`]) is frozen: never add a field to it (a host whose root
-//!   module grew refuses every plugin built before).
-//! - Any change to a type that crosses the boundary is an ABI change: bump the minor
-//!   version (0.**y**.z). abi_stable then refuses plugins built against another 0.y, and
-//!   within one 0.y it requires the plugin's patch version to be at least the host's.
+//! ### What loads where
+//!
+//! A plugin library records the `plugin-api` version it was built against. For a plugin
+//! built against 0.y.z and a host built against 0.y'.z':
+//!
+//! - **y ≠ y': refused** ("within 0.y the minor must match"). Each 0.y is its own ABI.
+//! - **y = y', z ≤ z': loads.** The plugin sees the host services and the entry points it
+//!   was built with; what the host gained since is simply unknown to it.
+//! - **y = y', z > z': refused**, in one line naming both versions. abi_stable would
+//!   load it safely (see below: what the plugin's newer copy adds is checked at run time),
+//!   but such a plugin may rely on what the host lacks: a service of the newer release
+//!   would answer "not available in this host", an entry point it implements would never
+//!   be called. A clear refusal beats that silent difference: upgrade the host first, or
+//!   build the plugin against the host's release (`plugin-api = "=0.y.z'"`).
+//!
+//! ### How the ABI grows within a 0.y
+//!
+//! Only behind abi_stable's prefix-type boundary (fields after the one marked
+//! `#[sabi(last_prefix_field)]`), each addition a patch release (0.y.**z**):
+//!
+//! - **A host service**: a field appended to [`HostServices`], with a doc line naming the
+//!   release that added it, and a method on [`Context`] (or [`LoadContext`]) that reads it
+//!   through its accessor. The accessor returns `None` when the host's instance predates
+//!   the field; the method then answers "not available in this host" in the plugin's own
+//!   terms (an `Err`, a fallback). Example: [`Context::summarize`], added in 0.2.1.
+//! - **An optional entry point**: a method appended to [`PluginInstance`](plugin::PluginInstance)
+//!   (after `on_model_switch`) **with a default body** — that body is what the host runs
+//!   for a plugin whose vtable predates the method —, the same method with a default on
+//!   [`HistoryPlugin`], and its forwarding in the export glue (`Guarded`).
+//! - Nothing else. A field anywhere else, an enum variant, a changed signature or a moved
+//!   `last_prefix_field` changes the layout: that is a new 0.y (bump the minor), which
+//!   refuses every plugin built before it.
+//! - The root module ([`PluginMod`]) is frozen, even at its end: a host whose root module
+//!   grew would refuse every plugin built before it.
 //! - Changes that cross nothing (helpers, [`wire`], [`structure`], [`naming`], [`echo`],
-//!   docs) are patch releases.
+//!   docs) are patch releases too.
+//!
+//! The workspace's end-to-end tests keep a plugin built against the previous release (a
+//! snapshot of that release's source under `tests/fixtures/`) and run it beside the
+//! current plugins; with each release, the snapshot moves on to the one before it.
+//!
+//! ### Why the host checks layouts itself
+//!
+//! abi_stable assumes a library is at least as new as the interface it is loaded against.
+//! Its version check (in `init_root_module`) compares only the 0.y part; its layout check
+//! accepts a prefix type with *more* trailing fields in the library than in the host and
+//! refuses one with *fewer*. That suits a library that provides a module, and is the
+//! opposite of what a host needs for plugins built before it gained a service or an entry
+//! point. So the host's loader compares versions by the rule above, then runs abi_stable's
+//! layout check, accepting a plugin whose only differences are prefix types (below the root
+//! module) of which its copy lacks trailing fields — checked once more the other way round,
+//! the plugin's layout against the host's — and takes the root module without abi_stable's
+//! repeated check. Reading past what an instance has is never possible: a prefix-type
+//! accessor checks at run time how many fields the instance it reads was built with.
 
 pub mod config;
 pub mod context;
@@ -93,7 +143,8 @@ pub use abi_stable::std_types::{RArc, ROption, RResult, RSlice, RStr, RString, R
 
 pub use config::{ConfigError, ConfigTable};
 pub use context::{
-    Context, ExpirationOverride, LoadContext, LogLevel, Logger, ModelInfo, TokenCounter, Tokenizer,
+    Context, ExpirationOverride, HostServices, HostServicesRef, LoadContext, LogLevel, Logger, ModelInfo,
+    TokenCounter, Tokenizer,
 };
 pub use event::{Event, EventKind, Output};
 pub use message::{

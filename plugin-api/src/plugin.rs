@@ -76,6 +76,12 @@ pub struct ConfigKey {
 }
 
 /// A live plugin instance, as the host holds it.
+///
+/// Its vtable is a prefix type: the methods up to `on_model_switch` are in every plugin of
+/// this 0.y. An optional entry point is added after it, in a patch release, **with a
+/// default body** (abi_stable runs that body for a plugin whose vtable predates the
+/// method), together with a defaulted method on [`HistoryPlugin`] and its forwarding in
+/// `Guarded` below. See the crate docs, "ABI stability".
 #[sabi_trait]
 pub trait PluginInstance: Send + Sync {
     fn process(&self, history: RSlice<'_, RArc<Message>>, ctx: &Context) -> RResult<Output, RString>;
@@ -96,8 +102,9 @@ pub type PluginBox = PluginInstance_TO<'static, RBox<()>>;
 /// The root module every plugin library exports (SPEC §3.1).
 ///
 /// **Frozen.** Its layout is checked at load; a host whose root module gained a field
-/// refuses every plugin built before it. New capabilities go into the types it returns
-/// (a new `plugin-api` minor version) — never new fields here.
+/// refuses every plugin built before it. New capabilities go behind the prefix-type
+/// boundaries of what it hands out ([`HostServices`](crate::HostServices), the
+/// instance's vtable) — never new fields here.
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginModRef)))]

@@ -1,5 +1,6 @@
-//! Fixture plugins built by the tests: the fault-containment plugins of `tests/fixtures/`
-//! and plugins built against a *changed* `plugin-api` (another layout, another version).
+//! Fixture plugins built by the tests: the plugins of `tests/fixtures/` (fault containment,
+//! host services) and plugins built against a *changed* `plugin-api` (another layout,
+//! another version).
 //! They build into `target/fixtures`, their own target folder, so a test can run cargo
 //! while the outer `cargo test` holds the main one.
 
@@ -57,8 +58,25 @@ pub fn fixture_library(name: &str) -> PathBuf {
 pub enum ApiChange {
     /// Same version, one more variant in an ABI enum (`LogLevel`).
     Layout,
-    /// Another minor version (0.2.0), same layout.
+    /// The next `0.y` (0.y+1.0), same layout.
     Version,
+    /// The next patch of the same `0.y`, same layout: newer than the host's.
+    NewerPatch,
+}
+
+/// The `plugin-api` version a copy changed by `change` claims.
+pub fn changed_api_version(change: ApiChange) -> String {
+    let current = history_engine::host_api_version();
+    let parts: Vec<u64> = current.split('.').map(|p| p.parse().unwrap()).collect();
+    let [major, minor, patch] = parts[..] else {
+        panic!("plugin-api version {current} is not x.y.z")
+    };
+    assert_eq!(major, 0, "the fixtures assume a 0.y plugin-api");
+    match change {
+        ApiChange::Layout => current,
+        ApiChange::Version => format!("0.{}.0", minor + 1),
+        ApiChange::NewerPatch => format!("0.{minor}.{}", patch + 1),
+    }
 }
 
 /// Builds a plugin named `changed_<kind>` against a changed copy of `plugin-api`.
@@ -68,6 +86,7 @@ pub fn plugin_built_against_changed_api(change: ApiChange) -> PathBuf {
     let kind = match change {
         ApiChange::Layout => "layout",
         ApiChange::Version => "version",
+        ApiChange::NewerPatch => "newer_patch",
     };
     let root = fixture_target().join(format!("changed-api-{kind}"));
     let api = root.join("plugin-api");
@@ -78,10 +97,10 @@ pub fn plugin_built_against_changed_api(change: ApiChange) -> PathBuf {
             "    Debug,\n}",
             "    Debug,\n    Trace,\n}",
         ),
-        ApiChange::Version => patch(
+        ApiChange::Version | ApiChange::NewerPatch => patch(
             &api.join("Cargo.toml"),
-            "version = \"0.1.0\"",
-            "version = \"0.2.0\"",
+            &format!("version = \"{}\"", history_engine::host_api_version()),
+            &format!("version = \"{}\"", changed_api_version(change)),
         ),
     }
     // The copy is a standalone package: give it concrete values for workspace keys.
@@ -176,6 +195,25 @@ pub fn plugin_dir_with(libraries: &[&Path]) -> tempfile::TempDir {
     let default = library_file_name("default");
     std::fs::copy(plugin_dir().join(&default), dir.path().join(&default)).unwrap();
     for library in libraries {
+        std::fs::copy(library, dir.path().join(library.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+/// A temporary plugin folder holding every installed plugin (`target/plugins`) plus
+/// `libraries`.
+pub fn plugin_dir_with_installed(libraries: &[&Path]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let installed: Vec<PathBuf> = std::fs::read_dir(plugin_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| history_engine::plugin_stem(path).is_some())
+        .collect();
+    for library in installed
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(libraries.iter().copied())
+    {
         std::fs::copy(library, dir.path().join(library.file_name().unwrap())).unwrap();
     }
     dir

@@ -149,7 +149,7 @@ impl HistoryPlugin for __TYPE__ {
 
     fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
         if self.log_size {
-            ctx.log.info(&format!("__NAME__: {} messages at turn {}", history.len(), ctx.turn));
+            ctx.log().info(&format!("__NAME__: {} messages at turn {}", history.len(), ctx.turn));
         }
         Ok(Output::unchanged(history))
     }

@@ -88,13 +88,13 @@ pub struct Retention {
 
 /// Content tokens of a message with the model's tokenizer (cached on the message).
 fn content_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
-    ctx.tokens.content(tokenizer, message) as i64
+    ctx.tokens().content(tokenizer, message) as i64
 }
 
 /// What removing a whole message saves: its content and §5.2's per-message overhead, so
 /// the events add up to the token change the host reports for the plugin.
 fn removed_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
-    ctx.tokens.message(tokenizer, message, PER_MESSAGE_TOKENS) as i64
+    ctx.tokens().message(tokenizer, message, PER_MESSAGE_TOKENS) as i64
 }
 
 /// The annotated first-N-characters compaction of `text` (SPEC §5.5), or `None` when the
@@ -229,7 +229,7 @@ impl HistoryPlugin for Retention {
         // The first user message of the history is the task (§5): never removed, only
         // replaced by a placeholder, so the history still starts with the user.
         let first_user = history.iter().position(|m| m.role == Role::User);
-        let placeholder_tokens = ctx.tokens.text(tokenizer, &self.placeholder) as i64;
+        let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder) as i64;
         let mut slots: Vec<Slot> = history.iter().cloned().map(Slot::Keep).collect();
         let mut events: Vec<Event> = Vec::new();
 
@@ -421,14 +421,14 @@ impl HistoryPlugin for Retention {
             }
         }
         if summaries_wanted > 0 {
-            ctx.log.info(&format!(
+            ctx.log().info(&format!(
                 "retention: compact_mode ai_summary requested for {summaries_wanted} messages, but no summarizer is configured; used first_n_chars instead"
             ));
         }
 
         for warning in events.iter().filter(|e| e.kind == EventKind::Warning) {
             let at = warning.index.into_option().unwrap_or_default();
-            ctx.log
+            ctx.log()
                 .warn(&format!("retention: message {at}: {}", warning.reason));
         }
         if events.iter().all(|e| e.kind == EventKind::Warning) {

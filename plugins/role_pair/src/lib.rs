@@ -82,7 +82,7 @@ impl Repair<'_> {
         // overhead (counts are memoized on the message, so this costs nothing twice).
         let saved = self
             .ctx
-            .tokens
+            .tokens()
             .message(self.ctx.model.tokenizer, &node.message, PER_MESSAGE_TOKENS);
         self.events.push(
             Event::new(EventKind::MessageRemoved, self.turn, reason)
@@ -392,7 +392,7 @@ impl RolePair {
                     count(&repair.events, EventKind::MessageRemoved),
                     count(&repair.events, EventKind::MessageOmitted),
                 );
-                ctx.log.debug(&summary);
+                ctx.log().debug(&summary);
                 return Ok(Output::new(
                     repair.nodes.into_iter().map(|n| n.message),
                     repair.events,

@@ -8,7 +8,7 @@
 //! unchanged. With `target_tokens` the cut is quantized so it stays put for many turns and
 //! the provider's prompt cache survives.
 //!
-//! Tokens are counted by the host (`ctx.tokens`), which remembers each message's count on
+//! Tokens are counted by the host (`ctx.tokens()`), which remembers each message's count on
 //! the message: a long conversation is not re-tokenized every turn.
 
 use history_trim::{Pins, Window};
@@ -52,7 +52,7 @@ impl TokenBudget {
         let tokenizer = self.tokenizer_for(&ctx.model);
         let costs: Vec<u64> = history
             .iter()
-            .map(|m| ctx.tokens.message(tokenizer, m, self.per_message_tokens))
+            .map(|m| ctx.tokens().message(tokenizer, m, self.per_message_tokens))
             .collect();
         let budget = self.budget(&ctx.model);
         let window = Window {
@@ -155,7 +155,7 @@ impl HistoryPlugin for TokenBudget {
         if max_tokens.is_some() && reserve_tokens.is_some() {
             // SPEC §5.2: max_tokens wins. Not an error, but the operator should know the
             // reserve does nothing.
-            load.log
+            load.log()
                 .warn("token_budget: reserve_tokens is ignored because max_tokens is set");
         }
         let plugin = TokenBudget {

@@ -145,7 +145,7 @@ impl HistoryPlugin for ToolResultFilter {
                 // `keep` left over from an earlier keep_last is harmless: say so rather
                 // than refuse the whole configuration.
                 if keep.is_some() {
-                    load.log.warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
+                    load.log().warn("[plugin.tool_result_filter] keep only applies with strategy = \"keep_last\"; ignored");
                 }
                 match other {
                     Name::DropAll => Strategy::DropAll,
@@ -190,7 +190,7 @@ impl HistoryPlugin for ToolResultFilter {
             .filter(|m| m.role == plugin_api::Role::Tool && m.meta().is_some_and(|meta| meta.omitted()))
             .count();
         let log_line = |replaced: usize| {
-            ctx.log.info(&format!(
+            ctx.log().info(&format!(
                 "tool results: {tool_total} total, {} kept, {replaced} replaced with placeholders",
                 tool_total - replaced
             ));
@@ -199,10 +199,10 @@ impl HistoryPlugin for ToolResultFilter {
         if self.trigger_tokens > 0 {
             let total: u64 = history
                 .iter()
-                .map(|m| ctx.tokens.message(tokenizer, m, PER_MESSAGE_TOKENS))
+                .map(|m| ctx.tokens().message(tokenizer, m, PER_MESSAGE_TOKENS))
                 .sum();
             if total <= self.trigger_tokens {
-                ctx.log.debug(&format!(
+                ctx.log().debug(&format!(
                     "tool_result_filter: history has {total} tokens, not over trigger_tokens {}; nothing replaced",
                     self.trigger_tokens
                 ));
@@ -228,7 +228,7 @@ impl HistoryPlugin for ToolResultFilter {
         // Arguments cleared per assistant message: (assistant index) -> call ids, and the
         // tokens each replaced result saves, its cleared arguments included. Sets and maps,
         // not scans: one assistant message may have thousands of calls and results.
-        let placeholder_tokens = ctx.tokens.text(tokenizer, &self.placeholder) as i64;
+        let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder) as i64;
         let mut cleared: HashMap<usize, HashSet<&str>> = HashMap::new();
         if self.clear_tool_inputs {
             for &index in replace {
@@ -238,7 +238,7 @@ impl HistoryPlugin for ToolResultFilter {
             }
         }
         // What clearing saves per (assistant index, call id), over every call with that id.
-        let empty_args_tokens = ctx.tokens.text(tokenizer, "{}") as i64;
+        let empty_args_tokens = ctx.tokens().text(tokenizer, "{}") as i64;
         let mut arguments_saved: HashMap<(usize, &str), i64> = HashMap::new();
         for (&call, ids) in &cleared {
             for tool_call in history[call].tool_calls.iter() {
@@ -246,7 +246,7 @@ impl HistoryPlugin for ToolResultFilter {
                 // Already "{}": nothing to clear, nothing saved (keeps a second run a no-op).
                 if ids.contains(id) && tool_call.arguments.as_str() != "{}" {
                     *arguments_saved.entry((call, id)).or_default() +=
-                        ctx.tokens.text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
+                        ctx.tokens().text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
                 }
             }
         }
@@ -258,12 +258,12 @@ impl HistoryPlugin for ToolResultFilter {
                     (Some(at), Some(id)) => arguments_saved.get(&(at.message, id)).copied(),
                     _ => None,
                 };
-                ctx.tokens.content(tokenizer, message) as i64 - placeholder_tokens + arguments.unwrap_or(0)
+                ctx.tokens().content(tokenizer, message) as i64 - placeholder_tokens + arguments.unwrap_or(0)
             })
             .collect();
         let total_saved: i64 = savings.iter().sum();
         if total_saved < i64::try_from(self.clear_at_least).unwrap_or(i64::MAX) {
-            ctx.log.info(&format!(
+            ctx.log().info(&format!(
                 "tool_result_filter: replacing {} results would save {total_saved} tokens, less than clear_at_least {}; nothing replaced",
                 replace.len(),
                 self.clear_at_least

@@ -2,9 +2,11 @@
 //! invalid history, and plugins built against another `plugin-api` — each a real library
 //! built by the test, loaded by the real host.
 
-use e2e_tests::fixtures::{fixture_library, plugin_built_against_changed_api, plugin_dir_with, ApiChange};
+use e2e_tests::fixtures::{
+    changed_api_version, fixture_library, plugin_built_against_changed_api, plugin_dir_with, ApiChange,
+};
 use e2e_tests::{agentctl, describe, json, TestConfig};
-use history_engine::plugin_stem;
+use history_engine::{host_api_version, plugin_stem};
 
 const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
     {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"search","arguments":"{}"}}]},
@@ -137,8 +139,9 @@ fn refusal_line(change: ApiChange) -> String {
 #[test]
 fn a_plugin_with_another_layout_is_refused_in_one_line() {
     let line = refusal_line(ApiChange::Layout);
+    let version = host_api_version();
     assert!(
-        line.contains("plugin-api 0.1.0 (plugin) vs 0.1.0 (host)"),
+        line.contains(&format!("plugin-api {version} (plugin) vs {version} (host)")),
         "{line}"
     );
     assert!(
@@ -151,9 +154,21 @@ fn a_plugin_with_another_layout_is_refused_in_one_line() {
 #[test]
 fn a_plugin_built_against_another_minor_version_is_refused_in_one_line() {
     let line = refusal_line(ApiChange::Version);
+    let (plugin, host) = (changed_api_version(ApiChange::Version), host_api_version());
     assert!(
-        line.contains("plugin-api 0.2.0 (plugin) vs 0.1.0 (host)"),
+        line.contains(&format!("plugin-api {plugin} (plugin) vs {host} (host)")),
         "{line}"
     );
     assert!(line.contains("minor must match"), "{line}");
+}
+
+#[test]
+fn a_plugin_built_against_a_newer_patch_is_refused_in_one_line() {
+    let line = refusal_line(ApiChange::NewerPatch);
+    let (plugin, host) = (changed_api_version(ApiChange::NewerPatch), host_api_version());
+    assert!(
+        line.contains(&format!("plugin-api {plugin} (plugin) vs {host} (host)")),
+        "{line}"
+    );
+    assert!(line.contains("newer plugin-api"), "{line}");
 }

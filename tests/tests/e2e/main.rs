@@ -16,6 +16,7 @@ mod faults;
 mod full_chain;
 mod hardening_load;
 mod hardening_output;
+mod host_services;
 mod process_cli;
 mod properties;
 mod retention;

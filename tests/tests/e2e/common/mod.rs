@@ -7,7 +7,7 @@
 
 use history_engine::check::check_output;
 use history_engine::Catalog;
-use history_engine::{logging, tokens, turns};
+use history_engine::{services, turns};
 use plugin_api::structure::Faults;
 use plugin_api::wire::{history_from_str, history_to_string};
 use plugin_api::{
@@ -39,7 +39,7 @@ impl Plugin {
             config_json: config_json.into(),
             agent_max_ctx: 200,
             models: vec![model()].into(),
-            log: logging::logger(),
+            services: services::SERVICES,
         };
         let instance = library.instantiate(&load).unwrap_or_else(|e| panic!("{e}"));
         Plugin { instance }
@@ -69,8 +69,7 @@ pub fn context(turn: u64) -> Context {
         turn,
         last_active: ROption::RNone,
         expiration_override: ROption::RNone,
-        tokens: tokens::counter(),
-        log: logging::logger(),
+        services: services::SERVICES,
     }
 }
 

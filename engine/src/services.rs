@@ -1,0 +1,72 @@
+//! The services the host offers plugins through their contexts (token counting, logging,
+//! summarizing):
+//! one process-wide [`plugin_api::HostServices`] instance, built at compile time. What
+//! varies per call lives elsewhere: the plugin that is running (for its log lines) in
+//! [`logging`], the counts on the messages themselves.
+
+use abi_stable::{
+    prefix_type::WithMetadata,
+    staticref,
+    std_types::{RErr, RResult, RStr, RString},
+};
+use plugin_api::{HostServices, HostServicesRef, Message, Tokenizer};
+
+use crate::{logging, tokens};
+
+extern "C" fn count_text(tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
+    tokens::count_text(tokenizer, text.as_str())
+}
+
+extern "C" fn count_content(tokenizer: Tokenizer, message: &Message) -> u64 {
+    tokens::content_tokens(tokenizer, message)
+}
+
+/// What `summarize` answers when no summarizer is configured: an error the plugin falls
+/// back from. This host reads no `[summarizer]` table yet, so that is its answer to every
+/// call.
+pub const NO_SUMMARIZER: &str = "no summarizer is configured ([summarizer] in plugins-enabled.toml)";
+
+extern "C" fn summarize(
+    _text: RStr<'_>,
+    _target_chars: u64,
+    _purpose: RStr<'_>,
+) -> RResult<RString, RString> {
+    RErr(NO_SUMMARIZER.into())
+}
+
+/// Holds the static instance.
+struct Instance;
+
+impl Instance {
+    staticref!(const SERVICES: WithMetadata<HostServices> = WithMetadata::new(HostServices {
+        count_text,
+        count_content,
+        log: logging::plugin_log,
+        summarize,
+    }));
+}
+
+/// The host's services, handed to every plugin in its [`plugin_api::Context`] and
+/// [`plugin_api::LoadContext`].
+pub const SERVICES: HostServicesRef = HostServicesRef(Instance::SERVICES.as_prefix());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summarize_answers_that_no_summarizer_is_configured() {
+        let summarize = SERVICES.summarize().expect("this host has the summarize service");
+        let answer = summarize("some text".into(), 10, "test".into()).into_result();
+        assert_eq!(answer.unwrap_err().as_str(), NO_SUMMARIZER);
+    }
+
+    #[test]
+    fn the_services_count_and_log_through_the_host() {
+        assert_eq!(
+            (SERVICES.count_text())(Tokenizer::O200kBase, "hello world".into()),
+            2
+        );
+        (SERVICES.log())(plugin_api::LogLevel::Debug, "a line from no plugin".into());
+    }
+}
