@@ -68,6 +68,19 @@ enum Command {
         #[arg(long, default_value = "-")]
         input: String,
     },
+    /// The session service over HTTP (see docs/http-api.md) until SIGTERM or Ctrl-C.
+    Serve {
+        /// The chain configuration.
+        #[arg(long, default_value = "plugins-enabled.toml")]
+        config: PathBuf,
+        /// The address to listen on (default 127.0.0.1:7878; port 0 picks a free one).
+        /// A non-loopback address needs an operator token.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// The session store (overrides the configuration's `store`).
+        #[arg(long, value_name = "PATH")]
+        store: Option<PathBuf>,
+    },
 }
 
 /// An error with its exit status.
@@ -101,6 +114,16 @@ fn main() -> ExitCode {
             working_out: working_out.as_deref(),
         }),
         Command::Expand { index, id, input } => expand(index, id.as_deref(), &input),
+        Command::Serve {
+            config,
+            listen,
+            store,
+        } => history_server::serve(history_server::ServeOptions {
+            config_file: config,
+            listen,
+            store,
+        })
+        .map_err(|message| Failure { status: 3, message }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
