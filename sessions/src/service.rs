@@ -179,7 +179,20 @@ impl Service {
             inner: SqliteStore::open(&store_path).map_err(|e| StartError(e.to_string()))?,
             metrics: metrics.clone(),
         };
-        let rows = store.sessions().map_err(|e| StartError(e.to_string()))?;
+        let mut rows = store.sessions().map_err(|e| StartError(e.to_string()))?;
+        // agent_max_ctx may differ from the last run's (an edit, or a `!maxctx N temp`
+        // that ended with it): every session's window follows the configuration.
+        let mut changed = Vec::new();
+        for (row, _) in &mut rows {
+            let effective_ctx = config.model(&row.model).effective_ctx;
+            if row.effective_ctx != effective_ctx {
+                row.effective_ctx = effective_ctx;
+                changed.push((row.id.clone(), effective_ctx));
+            }
+        }
+        store
+            .set_effective_ctx(&changed)
+            .map_err(|e| StartError(e.to_string()))?;
         let slots = rows
             .iter()
             .map(|(row, working_size)| {
