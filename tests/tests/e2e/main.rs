@@ -20,6 +20,7 @@ mod role_pair;
 mod scaffold;
 mod sessions_commands;
 mod sessions_http;
+mod sessions_load;
 mod token_budget;
 mod tool_result_filter;
 mod wire_fidelity;
