@@ -15,6 +15,7 @@ use history_engine::{load_chain, logging, stateless_context, turns, Call};
 use plugin_api::wire::write_message;
 use plugin_api::{Message, RArc};
 
+mod chat;
 mod explain;
 
 #[derive(Parser)]
@@ -81,6 +82,22 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         store: Option<PathBuf>,
     },
+    /// A session in the terminal on the embedded store, no server: each line is a user
+    /// message and runs a turn (see docs/cli.md).
+    Chat {
+        /// The chain configuration.
+        #[arg(long, default_value = "plugins-enabled.toml")]
+        config: PathBuf,
+        /// The model (a new session's, or a switch for a resumed one).
+        #[arg(long)]
+        model: Option<String>,
+        /// Resume this stored session.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// The session store (overrides the configuration's `store`).
+        #[arg(long, value_name = "PATH")]
+        store: Option<PathBuf>,
+    },
 }
 
 /// An error with its exit status.
@@ -124,6 +141,17 @@ fn main() -> ExitCode {
             store,
         })
         .map_err(|message| Failure { status: 3, message }),
+        Command::Chat {
+            config,
+            model,
+            session,
+            store,
+        } => chat::chat(chat::ChatArgs {
+            config,
+            model,
+            session,
+            store,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

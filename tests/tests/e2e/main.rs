@@ -18,6 +18,7 @@ mod properties;
 mod retention;
 mod role_pair;
 mod scaffold;
+mod sessions_chat;
 mod sessions_commands;
 mod sessions_http;
 mod sessions_load;
