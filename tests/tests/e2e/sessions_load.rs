@@ -233,3 +233,84 @@ fn kill_9_at_random_moments_loses_no_acknowledged_turn_and_leaves_no_partial_one
 fn next_limit(acked: u64) -> u64 {
     acked + 1 + 2000
 }
+
+/// Concurrent turns on one session: `threads` clients each send `turns` turns; returns
+/// the turns acknowledged (with their numbers) and the refusals' codes.
+fn one_session_race(
+    server: &Server,
+    id: &str,
+    threads: usize,
+    turns: usize,
+) -> (Vec<(u64, String)>, Vec<String>) {
+    let url = server.url(&format!("/v1/sessions/{id}/turns"));
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let url = url.clone();
+                scope.spawn(move || {
+                    let agent = agent();
+                    let mut acked = Vec::new();
+                    let mut refused = Vec::new();
+                    for k in 0..turns {
+                        let content = format!("client {t} turn {k}");
+                        let answer = request(
+                            &agent,
+                            "POST",
+                            &url,
+                            Some(&j!({"messages": [{"role": "user", "content": content}]})),
+                            None,
+                        );
+                        match answer.status {
+                            200 => acked.push((answer.body["turn"].as_u64().unwrap(), content)),
+                            _ => refused.push(answer.error().0.to_string()),
+                        }
+                    }
+                    (acked, refused)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut acked: Vec<(u64, String)> = results.iter().flat_map(|(a, _)| a.clone()).collect();
+    acked.sort();
+    (acked, results.into_iter().flat_map(|(_, r)| r).collect())
+}
+
+#[test]
+fn turns_of_one_session_run_one_at_a_time_and_a_turn_waiting_too_long_is_a_409() {
+    let config = config();
+    // The default wait: every concurrent turn gets its turn, one at a time.
+    let server = Server::start(&config.path, &config.dir.path().join("a.db"), &[]);
+    let id = server.create("local-8k");
+    let (acked, refused) = one_session_race(&server, &id, 8, 5);
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(
+        acked.iter().map(|(turn, _)| *turn).collect::<Vec<_>>(),
+        (1..=40).collect::<Vec<_>>()
+    );
+    let transcript = server.transcript(&id);
+    for (turn, content) in &acked {
+        let message = &transcript[*turn as usize - 1];
+        assert_eq!(
+            (&message["content"], &message["metadata"]["turn_added"]),
+            (&j!(content), &j!(turn))
+        );
+    }
+
+    // A wait of 1 ms: some turns give up with 409, and nothing of them is stored.
+    let server = Server::start(
+        &config.path,
+        &config.dir.path().join("b.db"),
+        &[("HISTORY_TURN_WAIT_MS", "1")],
+    );
+    let id = server.create("local-8k");
+    let (acked, refused) = one_session_race(&server, &id, 8, 10);
+    assert!(!refused.is_empty(), "no turn had to wait");
+    assert!(refused.iter().all(|code| code == "busy"), "{refused:?}");
+    let transcript = server.transcript(&id);
+    assert_eq!(transcript.len(), acked.len());
+    assert_eq!(
+        acked.iter().map(|(turn, _)| *turn).collect::<Vec<_>>(),
+        (1..=acked.len() as u64).collect::<Vec<_>>()
+    );
+}
