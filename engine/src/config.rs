@@ -15,6 +15,9 @@ pub(crate) const DEFAULT_IDLE_TIMEOUT_MINUTES: u64 = 60;
 pub const DEFAULT_AGENT_MAX_CTX: u64 = 200;
 pub(crate) const DEFAULT_CONTEXT_TOKENS: u64 = 128_000;
 pub(crate) const DEFAULT_TOKENIZER: Tokenizer = Tokenizer::O200kBase;
+/// The session store when the file does not say: beside the configuration.
+pub const DEFAULT_STORE: &str = "sessions.db";
+pub const DEFAULT_MAX_BODY_MB: u64 = 64;
 
 /// `on_plugin_error` (SPEC §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +81,14 @@ pub struct Config {
     pub plugin_dir: PathBuf,
     pub max_users: u64,
     pub session_idle_timeout_minutes: u64,
+    /// `store`: the session service's store, a path resolved against the file's folder
+    /// (see docs/sessions.md).
+    pub store: PathBuf,
+    /// `operator_token_file`, resolved against the file's folder: the file holding the
+    /// operator's token for the session service (see docs/http-api.md).
+    pub operator_token_file: Option<PathBuf>,
+    /// `max_body_mb`: the largest HTTP request body the session service reads, in MiB.
+    pub max_body_mb: u64,
     pub agent_max_ctx: u64,
     /// `[history] chain`: its output is the working history, kept from turn to turn.
     pub chain: Vec<String>,
@@ -249,6 +260,9 @@ impl Config {
                 "plugin_dir",
                 "max_users",
                 "session_idle_timeout_minutes",
+                "store",
+                "operator_token_file",
+                "max_body_mb",
                 "history",
                 "models",
                 "plugin",
@@ -266,6 +280,32 @@ impl Config {
         let session_idle_timeout_minutes = reader
             .integer(root, "session_idle_timeout_minutes", "the top level", 0)?
             .unwrap_or(DEFAULT_IDLE_TIMEOUT_MINUTES);
+        let store = match reader.string(root, "store", "the top level")? {
+            Some("") => return Err(reader.key_error(root, "store", "`store` must not be empty".to_string())),
+            Some(url) if url.contains("://") => {
+                return Err(reader.key_error(
+                    root,
+                    "store",
+                    format!("`store` = \"{url}\": only a file path (the embedded SQLite store) is supported"),
+                ))
+            }
+            Some(path) => base.join(path),
+            None => base.join(DEFAULT_STORE),
+        };
+        let operator_token_file = match reader.string(root, "operator_token_file", "the top level")? {
+            Some("") => {
+                return Err(reader.key_error(
+                    root,
+                    "operator_token_file",
+                    "`operator_token_file` must not be empty".to_string(),
+                ))
+            }
+            Some(path) => Some(base.join(path)),
+            None => None,
+        };
+        let max_body_mb = reader
+            .integer(root, "max_body_mb", "the top level", 1)?
+            .unwrap_or(DEFAULT_MAX_BODY_MB);
 
         let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error) = (
             DEFAULT_AGENT_MAX_CTX,
@@ -377,6 +417,9 @@ impl Config {
             plugin_dir,
             max_users,
             session_idle_timeout_minutes,
+            store,
+            operator_token_file,
+            max_body_mb,
             agent_max_ctx,
             chain,
             view,
@@ -586,6 +629,35 @@ mod tests {
             (model.max_context, model.context_tokens, model.effective_ctx),
             (200, 128_000, 200)
         );
+    }
+
+    #[test]
+    fn service_keys_resolve_against_the_file_and_are_checked() {
+        let config = parse("").unwrap();
+        assert_eq!(config.store, Path::new("/etc/h/sessions.db"));
+        assert_eq!(
+            (config.operator_token_file.as_deref(), config.max_body_mb),
+            (None, 64)
+        );
+        let config =
+            parse("store = \"/var/lib/h.db\"\noperator_token_file = \"token\"\nmax_body_mb = 2\n").unwrap();
+        assert_eq!(config.store, Path::new("/var/lib/h.db"));
+        assert_eq!(
+            config.operator_token_file.as_deref(),
+            Some(Path::new("/etc/h/token"))
+        );
+        assert_eq!(config.max_body_mb, 2);
+        let err = parse("max_users = 3\nmax_body_mb = 0\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
+        assert!(err.message.contains("`max_body_mb`"), "{err}");
+        let err = parse("\nstore = 5\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
+        assert!(
+            err.message.contains("`store` in the top level must be a string"),
+            "{err}"
+        );
+        let err = parse("store = \"postgres://h/db\"\n").unwrap_err();
+        assert!(err.message.contains("only a file path"), "{err}");
     }
 
     #[test]

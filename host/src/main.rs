@@ -24,6 +24,7 @@ use plugin_api::{Message, RArc};
 
 const PROGRAM: &str = "history-host";
 
+mod chat;
 mod explain;
 
 #[derive(Parser)]
@@ -77,6 +78,35 @@ enum Command {
         #[arg(long, default_value = "-")]
         input: String,
     },
+    /// The session service over HTTP (see docs/http-api.md) until SIGTERM or Ctrl-C.
+    Serve {
+        /// The chain configuration.
+        #[arg(long, default_value = "plugins-enabled.toml")]
+        config: PathBuf,
+        /// The address to listen on (default 127.0.0.1:7878; port 0 picks a free one).
+        /// A non-loopback address needs an operator token.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// The session store (overrides the configuration's `store`).
+        #[arg(long, value_name = "PATH")]
+        store: Option<PathBuf>,
+    },
+    /// A session in the terminal on the embedded store, no server: each line is a user
+    /// message and runs a turn (see docs/cli.md).
+    Chat {
+        /// The chain configuration.
+        #[arg(long, default_value = "plugins-enabled.toml")]
+        config: PathBuf,
+        /// The model (a new session's, or a switch for a resumed one).
+        #[arg(long)]
+        model: Option<String>,
+        /// Resume this stored session.
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// The session store (overrides the configuration's `store`).
+        #[arg(long, value_name = "PATH")]
+        store: Option<PathBuf>,
+    },
 }
 
 /// An error with its exit status.
@@ -95,11 +125,43 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage(err),
     };
+    // The service and the terminal session run for long and own their output: they are
+    // not one run whose result is written at the end.
+    let command = match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            store,
+        } => {
+            init_logging();
+            let served = history_server::serve(history_server::ServeOptions {
+                config_file: config,
+                listen,
+                store,
+            });
+            return finish(served.map_err(|message| Failure { status: 3, message }));
+        }
+        Command::Chat {
+            config,
+            model,
+            session,
+            store,
+        } => {
+            init_logging();
+            return finish(chat::chat(chat::ChatArgs {
+                config,
+                model,
+                session,
+                store,
+            }));
+        }
+        command => command,
+    };
     let mut out = Output::take_stdout();
     // Armed before any plugin is loaded: its load-time code can exit too.
     let guard = ExitGuard::arm(PROGRAM);
     init_logging();
-    let result = catch_unwind(AssertUnwindSafe(|| match cli.command {
+    let result = catch_unwind(AssertUnwindSafe(|| match command {
         Command::Process {
             config,
             model,
@@ -119,16 +181,24 @@ fn main() -> ExitCode {
             },
         ),
         Command::Expand { index, id, input } => expand(&mut out, index, id.as_deref(), &input),
+        Command::Serve { .. } | Command::Chat { .. } => unreachable!("run above"),
     }));
     guard.disarm();
     match result {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(failure)) => {
+        Ok(result) => finish(result),
+        // A bug in the host: the panic hook has written its one line.
+        Err(_) => ExitCode::from(101),
+    }
+}
+
+/// The exit status of a command's result; a failure is one line on stderr.
+fn finish(result: Result<(), Failure>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
             error_line(PROGRAM, &failure.message);
             ExitCode::from(failure.status)
         }
-        // A bug in the host: the panic hook has written its one line.
-        Err(_) => ExitCode::from(101),
     }
 }
 

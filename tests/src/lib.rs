@@ -7,6 +7,7 @@
 
 pub mod fixtures;
 pub mod histories;
+pub mod server;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

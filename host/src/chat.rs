@@ -1,0 +1,225 @@
+//! `history-host chat`: a terminal session on the embedded store, no server (see
+//! docs/cli.md#chat). Each line is a user message and runs a turn; `:assistant TEXT`,
+//! `:tool NAME TEXT` and `:load FILE` feed the other roles; `!…` and `/…` are the runtime
+//! commands. After each turn it prints the `--explain` table and the sent history's size.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use history_engine::document::parse_document;
+use history_sessions::{Command, Options, Service, TurnInput};
+use plugin_api::{Message, RArc};
+
+use crate::{explain, Failure};
+
+/// What `chat` was asked.
+pub struct ChatArgs {
+    pub config: PathBuf,
+    pub model: Option<String>,
+    pub session: Option<String>,
+    pub store: Option<PathBuf>,
+}
+
+pub fn chat(args: ChatArgs) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| Failure {
+            status: 3,
+            message: format!("cannot start the runtime: {e}"),
+        })?;
+    runtime.block_on(run(args))
+}
+
+struct Chat {
+    service: Arc<Service>,
+    id: String,
+    /// Messages typed with `:assistant` and `:tool`, sent with the next turn.
+    pending: Vec<RArc<Message>>,
+    calls: u64,
+    out: std::io::Stdout,
+}
+
+async fn run(args: ChatArgs) -> Result<(), Failure> {
+    let service = Service::open(&Options {
+        config_file: args.config.clone(),
+        store: args.store.clone(),
+    })
+    .map_err(|e| Failure {
+        status: 3,
+        message: e.to_string(),
+    })?;
+    let id = match &args.session {
+        Some(id) => {
+            service.info(id).map_err(|e| Failure {
+                status: 2,
+                message: format!("{e} in {}", service.store_path().display()),
+            })?;
+            if let Some(model) = args
+                .model
+                .clone()
+                .filter(|m| *m != service.info(id).unwrap().model)
+            {
+                service.switch_model(id, model).await.map_err(|e| Failure {
+                    status: 4,
+                    message: e.message,
+                })?;
+            }
+            id.clone()
+        }
+        None => {
+            service
+                .create(args.model.clone(), None)
+                .await
+                .map_err(|e| Failure {
+                    status: 3,
+                    message: e.message,
+                })?
+                .id
+        }
+    };
+    let mut chat = Chat {
+        service,
+        id,
+        pending: Vec::new(),
+        calls: 0,
+        out: std::io::stdout(),
+    };
+    let info = chat.service.info(&chat.id).unwrap();
+    chat.say(&format!(
+        "session {} (model {}, effective_ctx {}, turn {}); resume with --session {}",
+        info.id, info.model, info.effective_ctx, info.turn, info.id
+    ));
+    chat.say("type a message; :assistant TEXT, :tool NAME TEXT, :load FILE, !model NAME, !maxctx N [temp], !expand I, /history, /clear; :quit or end of input leaves");
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let line = line.trim_end();
+        if line.trim().is_empty() {
+            continue;
+        }
+        if line == ":quit" || line == ":q" {
+            break;
+        }
+        chat.line(line).await;
+    }
+    if !chat.pending.is_empty() {
+        chat.say(&format!(
+            "{} typed messages were not sent (no user line followed)",
+            chat.pending.len()
+        ));
+    }
+    Ok(())
+}
+
+impl Chat {
+    fn say(&mut self, text: &str) {
+        let _ = writeln!(self.out, "{text}");
+        let _ = self.out.flush();
+    }
+
+    async fn line(&mut self, line: &str) {
+        if let Some(text) = line.strip_prefix(":assistant ") {
+            self.pending
+                .push(message(serde_json::json!({"role": "assistant", "content": text})));
+            self.say("(assistant message queued for the next turn)");
+        } else if let Some(rest) = line.strip_prefix(":tool ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            self.calls += 1;
+            let call = format!(
+                "chat_call_{}_{}",
+                self.service.info(&self.id).map_or(0, |i| i.turn),
+                self.calls
+            );
+            self.pending.push(message(serde_json::json!({"role": "assistant", "content": null,
+                "tool_calls": [{"id": call, "type": "function", "function": {"name": name, "arguments": "{}"}}]})));
+            self.pending.push(message(
+                serde_json::json!({"role": "tool", "tool_call_id": call, "content": text}),
+            ));
+            self.say(&format!(
+                "(call {call} to {name} and its result queued for the next turn)"
+            ));
+        } else if let Some(file) = line.strip_prefix(":load ") {
+            match std::fs::read(file.trim())
+                .map_err(|e| format!("cannot read {file}: {e}"))
+                .and_then(|bytes| parse_document(&bytes).map_err(|e| format!("{file}: {}", e.0)))
+            {
+                Ok(document) => {
+                    let mut messages = std::mem::take(&mut self.pending);
+                    messages.extend(document.messages);
+                    self.turn(messages).await;
+                }
+                Err(e) => self.say(&format!("error: {e}")),
+            }
+        } else if line.starts_with('!') || line.starts_with('/') {
+            self.command(line).await;
+        } else if line.starts_with(':') {
+            self.say(&format!(
+                "error: unknown \"{}\" (known: :assistant TEXT, :tool NAME TEXT, :load FILE, :quit)",
+                line.split_whitespace().next().unwrap_or(line)
+            ));
+        } else {
+            let mut messages = std::mem::take(&mut self.pending);
+            messages.push(message(serde_json::json!({"role": "user", "content": line})));
+            self.turn(messages).await;
+        }
+    }
+
+    async fn turn(&mut self, messages: Vec<RArc<Message>>) {
+        let input = TurnInput {
+            messages,
+            model: None,
+            context: Vec::new(),
+        };
+        match self.service.turn(&self.id, input).await {
+            Ok(outcome) => {
+                let report = explain::explain(
+                    &outcome.run,
+                    &outcome.model.name,
+                    outcome.model.tokenizer.as_str(),
+                    outcome.turn,
+                    outcome.model.effective_ctx,
+                );
+                let _ = write!(self.out, "{report}");
+                self.say(&format!(
+                    "turn {}: sent history {} messages, {} tokens; working history {} messages",
+                    outcome.turn,
+                    outcome.run.history.len(),
+                    history_engine::summary::thousands(outcome.run.tokens_out),
+                    outcome.run.working.len()
+                ));
+            }
+            Err(e) => self.say(&format!("error: {}", e.message)),
+        }
+    }
+
+    async fn command(&mut self, line: &str) {
+        let command = match Command::parse(line) {
+            Ok(command) => command,
+            Err(e) => return self.say(&format!("error: {}", e.message)),
+        };
+        let history = command == Command::History;
+        match self.service.command(&self.id, command).await {
+            Ok(result) if history => {
+                let lines = result["lines"].as_array().cloned().unwrap_or_default();
+                self.say(&format!("working history: {} messages", lines.len()));
+                for line in lines {
+                    self.say(line.as_str().unwrap_or(""));
+                }
+            }
+            Ok(mut result) => {
+                // The histories are long: say their size instead.
+                if let Some(history) = result.get("history").and_then(|h| h.as_array()).map(Vec::len) {
+                    result["history"] = serde_json::json!(format!("{history} messages"));
+                }
+                self.say(&format!("{line}: {result}"));
+            }
+            Err(e) => self.say(&format!("error: {}", e.message)),
+        }
+    }
+}
+
+fn message(value: serde_json::Value) -> RArc<Message> {
+    RArc::new(plugin_api::wire::parse_message(&value).expect("a well-formed message"))
+}

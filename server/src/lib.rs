@@ -1,0 +1,122 @@
+//! The session service over HTTP (docs/http-api.md): axum on tokio, the only crate of the
+//! workspace that knows HTTP. [`serve`] is `history-host serve`.
+//!
+//! Every error is `{"error": {"code", "message"}}` with its status; operator endpoints
+//! need `Authorization: Bearer TOKEN`; bodies past `max_body_mb` are refused with 413
+//! before they are read whole.
+
+mod auth;
+mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use history_sessions::{Options, Service};
+
+pub use auth::operator_token;
+
+/// The address the service listens on unless told otherwise: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
+
+/// What `history-host serve` was asked.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub config_file: PathBuf,
+    pub listen: Option<SocketAddr>,
+    pub store: Option<PathBuf>,
+}
+
+/// Runs the service until SIGTERM or Ctrl-C: then it stops accepting, lets running
+/// requests (and so running turns) finish, and returns. Prints `listening on ADDR` on
+/// stdout once bound. An error is one line: the configuration, the store, the token, the
+/// address.
+pub fn serve(options: ServeOptions) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(64)
+        .thread_name("history-serve")
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(run(options))
+}
+
+async fn run(options: ServeOptions) -> Result<(), String> {
+    let service = Service::open(&Options {
+        config_file: options.config_file.clone(),
+        store: options.store.clone(),
+    })
+    .map_err(|e| e.to_string())?;
+    let config = service.config();
+    let token = operator_token(&config)?;
+    let listen = match options.listen {
+        Some(listen) => listen,
+        None => DEFAULT_LISTEN.parse().expect("a valid address"),
+    };
+    if !listen.ip().is_loopback() && token.is_none() {
+        return Err(format!(
+            "refusing to listen on {listen} without an operator token: set operator_token_file in {} \
+             or HISTORY_OPERATOR_TOKEN (or listen on a loopback address)",
+            config.file.display()
+        ));
+    }
+    let app = routes::router(
+        routes::App {
+            service: service.clone(),
+            token: token.map(Arc::from),
+        },
+        config.max_body_mb,
+    );
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on {bound}");
+        let _ = stdout.flush();
+    }
+    tracing::info!(
+        "serving on http://{bound}; store {}; max_body_mb {}",
+        service.store_path().display(),
+        config.max_body_mb
+    );
+    let reaper = service.spawn_reaper();
+    let shutting_down = service.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: no new requests; running turns finish");
+            shutting_down.shut_down();
+        })
+        .await
+        .map_err(|e| format!("the server failed: {e}"))?;
+    reaper.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}

@@ -1,0 +1,384 @@
+//! The endpoints (docs/http-api.md).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use history_sessions::service::{history_json, switch_json, turn_json};
+use history_sessions::{Command, ContextItem, ErrorKind, Service, SessionError, TurnInput};
+use serde_json::{json, Map, Value};
+
+use crate::auth::{self, Denied};
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct App {
+    pub service: Arc<Service>,
+    pub token: Option<Arc<str>>,
+}
+
+/// The largest transcript page.
+const MAX_PAGE: u64 = 1000;
+
+pub fn router(app: App, max_body_mb: u64) -> Router {
+    let limit = (max_body_mb as usize).saturating_mul(1 << 20);
+    Router::new()
+        .route("/v1/sessions", post(create).get(list))
+        .route("/v1/sessions/{id}", axum::routing::delete(delete))
+        .route("/v1/sessions/{id}/turns", post(turn))
+        .route("/v1/sessions/{id}/model", post(model))
+        .route("/v1/sessions/{id}/commands", post(command))
+        .route("/v1/sessions/{id}/history", get(history))
+        .route("/v1/sessions/{id}/transcript", get(transcript))
+        .route("/v1/sessions/{id}/expand", post(expand))
+        .route("/v1/chain", get(chain))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        // A body that says it is too large is refused before any of it is read; one that
+        // does not say (chunked) is cut off as soon as it passes the limit.
+        .layer(axum::middleware::from_fn(
+            move |request: Request, next: Next| async move {
+                let declared = request
+                    .headers()
+                    .get(axum::http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<usize>().ok());
+                if declared.is_some_and(|length| length > limit) {
+                    return too_large().into_response();
+                }
+                next.run(request).await
+            },
+        ))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        "the request body is larger than max_body_mb",
+    )
+}
+
+/// An error response: `{"error": {"code", "message"}}`.
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_input(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_input", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> ApiError {
+        let status = match e.kind {
+            ErrorKind::BadInput => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Busy => StatusCode::CONFLICT,
+            ErrorKind::PluginFailed => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::TooManySessions => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Store => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.kind.code(), e.message)
+    }
+}
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+fn operator(app: &App, headers: &HeaderMap) -> Result<()> {
+    auth::check(headers, app.token.as_deref()).map_err(|denied| match denied {
+        Denied::Missing => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this needs the operator's token: Authorization: Bearer TOKEN",
+        ),
+        Denied::Wrong if app.token.is_none() => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "no operator token is configured (operator_token_file or HISTORY_OPERATOR_TOKEN)",
+        ),
+        Denied::Wrong => ApiError::new(StatusCode::FORBIDDEN, "forbidden", "not the operator's token"),
+    })
+}
+
+/// The body as a JSON object; an empty body is `{}`. Too large a body is a 413.
+fn object(body: std::result::Result<Bytes, BytesRejection>) -> Result<Map<String, Value>> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large()
+        } else {
+            ApiError::bad_input(format!("cannot read the body: {}", rejection.body_text()))
+        }
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(ApiError::bad_input("the body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_input(format!("the body is not valid JSON: {e}"))),
+    }
+}
+
+/// Refuses members other than `known`.
+fn only(object: &Map<String, Value>, known: &[&str]) -> Result<()> {
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(ApiError::bad_input(format!(
+            "unknown member \"{key}\" (expected {})",
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn string_member(object: &Map<String, Value>, key: &str) -> Result<Option<String>> {
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(ApiError::bad_input(format!(
+            "{key}: expected a string, found {other}"
+        ))),
+    }
+}
+
+async fn create(
+    State(app): State<App>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let body = object(body)?;
+    only(&body, &["model", "expiration_override"])?;
+    let info = app
+        .service
+        .create(
+            string_member(&body, "model")?,
+            body.get("expiration_override").cloned(),
+        )
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"id": info.id, "model": info.model, "effective_ctx": info.effective_ctx})),
+    )
+        .into_response())
+}
+
+async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>> {
+    operator(&app, &headers)?;
+    let sessions: Vec<Value> = app.service.list().iter().map(|s| s.to_json()).collect();
+    Ok(Json(json!({"sessions": sessions})))
+}
+
+async fn turn(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>> {
+    let body = object(body)?;
+    only(&body, &["messages", "model", "context"])?;
+    let messages = match body.get("messages") {
+        None => return Err(ApiError::bad_input("missing \"messages\"")),
+        Some(value) => plugin_api::wire::parse_history(value)
+            .map_err(|e| ApiError::bad_input(format!("messages: {e}")))?,
+    };
+    if messages.is_empty() {
+        return Err(ApiError::bad_input("messages: a turn needs at least one message"));
+    }
+    let context = match body.get("context") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(value) => ContextItem::parse_list(value)?,
+    };
+    let input = TurnInput {
+        messages,
+        model: string_member(&body, "model")?,
+        context,
+    };
+    let outcome = app.service.turn(&id, input).await?;
+    Ok(Json(turn_json(&outcome)))
+}
+
+async fn model(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>> {
+    let body = object(body)?;
+    only(&body, &["model"])?;
+    let model = string_member(&body, "model")?.ok_or_else(|| ApiError::bad_input("missing \"model\""))?;
+    let outcome = app.service.switch_model(&id, model).await?;
+    Ok(Json(switch_json(&outcome)))
+}
+
+async fn command(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>> {
+    let body = object(body)?;
+    only(&body, &["command"])?;
+    let line = string_member(&body, "command")?.ok_or_else(|| ApiError::bad_input("missing \"command\""))?;
+    let command = Command::parse(&line)?;
+    app.service.info(&id)?;
+    if command.is_host_wide() {
+        operator(&app, &headers)?;
+    }
+    Ok(Json(app.service.command(&id, command).await?))
+}
+
+async fn history(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>> {
+    let sent = match query.get("view").map(String::as_str) {
+        None | Some("working") => false,
+        Some("sent") => true,
+        Some(other) => {
+            return Err(ApiError::bad_input(format!(
+                "view: expected working or sent, found \"{other}\""
+            )))
+        }
+    };
+    let history = app.service.history(&id, sent).await?;
+    Ok(Json(json!({
+        "view": if sent { "sent" } else { "working" },
+        "size": history.len(),
+        "history": history_json(&history),
+    })))
+}
+
+fn number(query: &HashMap<String, String>, key: &str, default: u64) -> Result<u64> {
+    match query.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .parse()
+            .map_err(|_| ApiError::bad_input(format!("{key}: expected an integer ≥ 0, found \"{v}\""))),
+    }
+}
+
+async fn transcript(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>> {
+    let from = number(&query, "from", 1)?.max(1);
+    let limit = number(&query, "limit", MAX_PAGE)?.clamp(1, MAX_PAGE);
+    let (rows, next) = app.service.transcript(&id, from, limit).await?;
+    let mut messages = Vec::with_capacity(rows.len());
+    for row in &rows {
+        messages.push(
+            serde_json::from_str::<Value>(&row.message).map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "store_failed", e.to_string())
+            })?,
+        );
+    }
+    Ok(Json(json!({"from": from, "messages": messages, "next": next})))
+}
+
+async fn expand(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>> {
+    let body = object(body)?;
+    only(&body, &["index", "id"])?;
+    let target = match (body.get("index"), body.get("id")) {
+        (Some(index), None) => index
+            .as_u64()
+            .map(|i| i.to_string())
+            .ok_or_else(|| ApiError::bad_input(format!("index: expected an integer ≥ 0, found {index}")))?,
+        (None, Some(Value::String(id))) if id.parse::<u64>().is_err() => id.clone(),
+        (None, Some(id)) => {
+            return Err(ApiError::bad_input(format!(
+                "id: expected a message id, found {id}"
+            )))
+        }
+        _ => return Err(ApiError::bad_input("give exactly one of \"index\" and \"id\"")),
+    };
+    Ok(Json(app.service.command(&id, Command::Expand(target)).await?))
+}
+
+async fn delete(State(app): State<App>, Path(id): Path<String>) -> Result<StatusCode> {
+    app.service.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn chain(State(app): State<App>) -> Json<Value> {
+    let chain = app.service.chain();
+    let config = app.service.config();
+    let stage = |s: &history_engine::chain::Stage, view: bool| {
+        let totals = app.service.metrics.plugin_totals(&s.name);
+        json!({
+            "name": s.name,
+            "version": s.version,
+            "view": view,
+            "calls": totals.calls,
+            "seconds": totals.seconds,
+            "skipped": totals.skipped,
+            "failed": totals.failed,
+        })
+    };
+    let stages: Vec<Value> = chain
+        .stages
+        .iter()
+        .map(|s| stage(s, false))
+        .chain(chain.view.iter().map(|s| stage(s, true)))
+        .collect();
+    Json(json!({
+        "stages": stages,
+        "on_plugin_error": chain.on_error.as_str(),
+        "agent_max_ctx": config.agent_max_ctx,
+        "max_users": config.max_users,
+        "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
+        "last_reload": Value::Null,
+    }))
+}
+
+async fn healthz(State(app): State<App>) -> Response {
+    if app.service.is_shutting_down() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
+    match app.service.health().await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.service.metrics.render(app.service.live_sessions()),
+    )
+        .into_response()
+}

@@ -1,0 +1,822 @@
+//! The session service: every live session, the host-wide settings and the reaper. HTTP
+//! (`history-server`) and `history-host chat` both drive it.
+//!
+//! Turns of one session run one at a time (each session has an async lock; a turn that
+//! waits longer than the turn wait gives up with [`ErrorKind::Busy`]); turns of different
+//! sessions run in parallel. The chain and the store run on tokio's blocking threads,
+//! never on the async ones.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use agentctl::edit::Edit;
+use history_engine::{load_chain, Config, SharedChain};
+use serde_json::{json, Value};
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::clock::{new_session_id, now_ms, rfc3339};
+use crate::commands::Command;
+use crate::error::{ErrorKind, SessionError};
+use crate::metrics::Metrics;
+use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
+use crate::store::{SessionRow, SessionWrite, SqliteStore, Store, StoreError, StoredSession, TranscriptRow};
+
+/// How long a turn waits for the session's previous turn by default.
+const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(30);
+
+/// What the listing (`GET /v1/sessions`) shows of a session, kept outside its lock so
+/// listing never waits for a running turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub model: String,
+    pub effective_ctx: u64,
+    pub turn: u64,
+    pub transcript_size: u64,
+    pub working_size: usize,
+    pub created_at: u64,
+    pub last_active: u64,
+}
+
+impl SessionInfo {
+    fn of(row: &SessionRow, working_size: usize) -> SessionInfo {
+        SessionInfo {
+            id: row.id.clone(),
+            model: row.model.clone(),
+            effective_ctx: row.effective_ctx,
+            turn: row.turn,
+            transcript_size: row.transcript_len,
+            working_size,
+            created_at: row.created_at,
+            last_active: row.last_active,
+        }
+    }
+
+    /// As JSON (times as RFC 3339).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "model": self.model,
+            "effective_ctx": self.effective_ctx,
+            "turn": self.turn,
+            "transcript_size": self.transcript_size,
+            "working_size": self.working_size,
+            "created_at": rfc3339(self.created_at),
+            "last_active": rfc3339(self.last_active),
+        })
+    }
+}
+
+struct Slot {
+    info: Mutex<SessionInfo>,
+    /// `None` until first used after a start: sessions load lazily.
+    state: Arc<AsyncMutex<Option<Session>>>,
+    closed: AtomicBool,
+}
+
+impl Slot {
+    fn info(&self) -> SessionInfo {
+        self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Where the service's configuration and store are.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub config_file: PathBuf,
+    /// Overrides the configuration's `store`.
+    pub store: Option<PathBuf>,
+}
+
+/// A store that times its transactions.
+struct TimedStore {
+    inner: SqliteStore,
+    metrics: Arc<Metrics>,
+}
+
+impl TimedStore {
+    fn timed<T>(&self, f: impl FnOnce(&SqliteStore) -> T) -> T {
+        let started = Instant::now();
+        let result = f(&self.inner);
+        self.metrics.store(started.elapsed().as_secs_f64());
+        result
+    }
+}
+
+impl Store for TimedStore {
+    fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
+        self.timed(|s| s.create(row))
+    }
+    fn commit(&self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
+        self.timed(|s| s.commit(write))
+    }
+    fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {
+        self.timed(|s| s.set_effective_ctx(sessions))
+    }
+    fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.timed(|s| s.delete(id))
+    }
+    fn sessions(&self) -> Result<Vec<(SessionRow, usize)>, StoreError> {
+        self.inner.sessions()
+    }
+    fn load(&self, id: &str) -> Result<Option<StoredSession>, StoreError> {
+        self.inner.load(id)
+    }
+    fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError> {
+        self.inner.transcript(id, from, limit)
+    }
+    fn check_writable(&self) -> Result<(), StoreError> {
+        self.inner.check_writable()
+    }
+}
+
+/// The session service.
+pub struct Service {
+    config_file: PathBuf,
+    /// The live configuration: the file as loaded, with the runtime commands' changes.
+    config: RwLock<Arc<Config>>,
+    chain: SharedChain,
+    store: Arc<dyn Store>,
+    store_path: PathBuf,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Held (shared) by every session operation, and exclusively by a change of
+    /// `agent_max_ctx`, so every session's `effective_ctx` changes between operations.
+    settings: RwLock<()>,
+    idle_timeout_ms: AtomicU64,
+    turn_wait: Duration,
+    shutting_down: AtomicBool,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A failed start: the configuration, the chain or the store.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+impl Service {
+    /// Loads the configuration and the chain, opens the store and finds every stored
+    /// session (their messages load on first use).
+    pub fn open(options: &Options) -> Result<Arc<Service>, StartError> {
+        let (config, _catalog, chain) =
+            load_chain(&options.config_file).map_err(|e| StartError(e.to_string()))?;
+        let store_path = options.store.clone().unwrap_or_else(|| config.store.clone());
+        let metrics = Arc::new(Metrics::default());
+        let store = TimedStore {
+            inner: SqliteStore::open(&store_path).map_err(|e| StartError(e.to_string()))?,
+            metrics: metrics.clone(),
+        };
+        let mut rows = store.sessions().map_err(|e| StartError(e.to_string()))?;
+        // agent_max_ctx may differ from the last run's (an edit, or a `!maxctx N temp`
+        // that ended with it): every session's window follows the configuration.
+        let mut changed = Vec::new();
+        for (row, _) in &mut rows {
+            let effective_ctx = config.model(&row.model).effective_ctx;
+            if row.effective_ctx != effective_ctx {
+                row.effective_ctx = effective_ctx;
+                changed.push((row.id.clone(), effective_ctx));
+            }
+        }
+        store
+            .set_effective_ctx(&changed)
+            .map_err(|e| StartError(e.to_string()))?;
+        let slots = rows
+            .iter()
+            .map(|(row, working_size)| {
+                (
+                    row.id.clone(),
+                    Arc::new(new_slot(SessionInfo::of(row, *working_size), None)),
+                )
+            })
+            .collect();
+        // Hidden, for tests: the idle timeout in seconds instead of minutes.
+        let idle_timeout_ms = env_u64("HISTORY_SESSION_TIMEOUT_SECONDS")
+            .map(|s| s * 1000)
+            .unwrap_or(config.session_idle_timeout_minutes * 60_000);
+        let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_TURN_WAIT);
+        tracing::info!(
+            "store {}: {} sessions; chain {:?}, view {:?}",
+            store_path.display(),
+            rows.len(),
+            chain.names(),
+            chain.view_names()
+        );
+        Ok(Arc::new(Service {
+            config_file: options.config_file.clone(),
+            config: RwLock::new(Arc::new(config)),
+            chain: SharedChain::new(chain),
+            store: Arc::new(store),
+            store_path,
+            slots: Mutex::new(slots),
+            settings: RwLock::new(()),
+            idle_timeout_ms: AtomicU64::new(idle_timeout_ms),
+            turn_wait,
+            shutting_down: AtomicBool::new(false),
+            metrics,
+        }))
+    }
+
+    /// The live configuration.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn change_config(&self, change: impl FnOnce(&mut Config)) -> Arc<Config> {
+        let mut current = self.config.write().unwrap_or_else(|e| e.into_inner());
+        let mut config = (**current).clone();
+        change(&mut config);
+        *current = Arc::new(config);
+        current.clone()
+    }
+
+    /// The chain turns run on now.
+    pub fn chain(&self) -> Arc<history_engine::Chain> {
+        self.chain.current()
+    }
+
+    pub fn store_path(&self) -> &Path {
+        &self.store_path
+    }
+
+    /// From now on, no new session or turn starts ([`ErrorKind::ShuttingDown`]);
+    /// running ones finish.
+    pub fn shut_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    fn refuse_if_shutting_down(&self) -> Result<(), SessionError> {
+        if self.is_shutting_down() {
+            return Err(SessionError::new(
+                ErrorKind::ShuttingDown,
+                "the host is shutting down",
+            ));
+        }
+        Ok(())
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn slot(&self, id: &str) -> Result<Arc<Slot>, SessionError> {
+        self.slots()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| SessionError::not_found(id))
+    }
+
+    /// Every live session, oldest first.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut infos: Vec<SessionInfo> = self.slots().values().map(|s| s.info()).collect();
+        infos.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        infos
+    }
+
+    pub fn live_sessions(&self) -> usize {
+        self.slots().len()
+    }
+
+    /// One session's listing entry.
+    pub fn info(&self, id: &str) -> Result<SessionInfo, SessionError> {
+        Ok(self.slot(id)?.info())
+    }
+
+    /// Creates a session on `model` (default `default`), refused past `max_users`.
+    pub async fn create(
+        self: &Arc<Self>,
+        model: Option<String>,
+        expiration_override: Option<Value>,
+    ) -> Result<SessionInfo, SessionError> {
+        self.refuse_if_shutting_down()?;
+        let expiration_override = match expiration_override {
+            None | Some(Value::Null) => None,
+            Some(value) => {
+                parse_override(&value)?;
+                Some(value.to_string())
+            }
+        };
+        let config = self.config();
+        let model = model.unwrap_or_else(|| "default".to_string());
+        if model.is_empty() {
+            return Err(SessionError::bad_input("model: must not be empty"));
+        }
+        let now = now_ms();
+        let row = SessionRow {
+            id: new_session_id(),
+            effective_ctx: config.model(&model).effective_ctx,
+            model,
+            turn: 0,
+            transcript_len: 0,
+            cleared_at: 0,
+            expiration_override,
+            created_at: now,
+            last_active: now,
+            next_copy: 1,
+        };
+        let slot = Arc::new(new_slot(
+            SessionInfo::of(&row, 0),
+            Some(Session::new(row.clone())),
+        ));
+        {
+            let mut slots = self.slots();
+            if slots.len() as u64 >= config.max_users {
+                return Err(SessionError::new(
+                    ErrorKind::TooManySessions,
+                    format!(
+                        "max_users reached: {} live sessions (the limit is max_users = {})",
+                        slots.len(),
+                        config.max_users
+                    ),
+                ));
+            }
+            slots.insert(row.id.clone(), slot.clone());
+        }
+        let service = self.clone();
+        let stored = {
+            let row = row.clone();
+            tokio::task::spawn_blocking(move || service.store.create(&row))
+                .await
+                .unwrap_or_else(|e| Err(StoreError(format!("the store task failed: {e}"))))
+        };
+        if let Err(e) = stored {
+            self.slots().remove(&row.id);
+            return Err(e.into());
+        }
+        tracing::info!(session = %row.id, "session created on model {}", row.model);
+        Ok(slot.info())
+    }
+
+    /// Runs `f` on session `id` on a blocking thread, holding the session's lock (waiting
+    /// at most the turn wait for it) and the settings' shared lock.
+    pub async fn with_session<R, F>(self: &Arc<Self>, id: &str, f: F) -> Result<R, SessionError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Session, &Env<'_>) -> Result<R, SessionError> + Send + 'static,
+    {
+        let slot = self.slot(id)?;
+        let guard = tokio::time::timeout(self.turn_wait, slot.state.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                SessionError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "session \"{id}\" is busy: its previous turn still runs after {} ms",
+                        self.turn_wait.as_millis()
+                    ),
+                )
+            })?;
+        let service = self.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = guard;
+            if slot.closed.load(Ordering::SeqCst) {
+                return Err(SessionError::not_found(&id));
+            }
+            let _settings = service.settings.read().unwrap_or_else(|e| e.into_inner());
+            if guard.is_none() {
+                let stored = service
+                    .store
+                    .load(&id)?
+                    .ok_or_else(|| SessionError::not_found(&id))?;
+                *guard = Some(Session::from_stored(stored)?);
+            }
+            let session = guard.as_mut().expect("loaded above");
+            // effective_ctx may have changed host-wide (`!maxctx`) since the last operation.
+            session.row.effective_ctx = slot.info().effective_ctx;
+            let config = service.config();
+            let chain = service.chain.current();
+            let env = Env {
+                chain: &chain,
+                config: &config,
+                store: &*service.store,
+                now: now_ms(),
+            };
+            let result = f(session, &env);
+            *slot.info.lock().unwrap_or_else(|e| e.into_inner()) =
+                SessionInfo::of(&session.row, session.working().len());
+            result
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(SessionError::new(
+                ErrorKind::Store,
+                format!("the session operation failed: {e}"),
+            ))
+        })
+    }
+
+    /// One turn (docs/sessions.md#a-turn).
+    pub async fn turn(self: &Arc<Self>, id: &str, input: TurnInput) -> Result<TurnOutcome, SessionError> {
+        let started = Instant::now();
+        let result = match self.refuse_if_shutting_down() {
+            Ok(()) => {
+                self.with_session(id, move |session, env| session.turn(env, input))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(outcome) => {
+                self.metrics.run(&outcome.run);
+                tracing::info!(
+                    session = %id,
+                    turn = outcome.turn,
+                    "{}",
+                    history_engine::summary::summary_line(&outcome.run)
+                );
+            }
+            Err(e) => {
+                if let Some(plugin) = &e.plugin {
+                    self.metrics.plugin_failed(plugin);
+                }
+                tracing::warn!(session = %id, "turn refused: {}", e.message);
+            }
+        }
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.kind.code_for_metrics(),
+        };
+        self.metrics.turn(outcome, started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// A model switch (docs/sessions.md#model-switch).
+    pub async fn switch_model(
+        self: &Arc<Self>,
+        id: &str,
+        model: String,
+    ) -> Result<SwitchOutcome, SessionError> {
+        self.refuse_if_shutting_down()?;
+        if model.is_empty() {
+            return Err(SessionError::bad_input("model: must not be empty"));
+        }
+        let result = self
+            .with_session(id, move |session, env| session.switch_model(env, &model))
+            .await;
+        if let Ok(outcome) = &result {
+            tracing::info!(
+                session = %id,
+                "model {} -> {}, effective_ctx {}, working history {} messages",
+                outcome.old,
+                outcome.model.name,
+                outcome.model.effective_ctx,
+                outcome.run.working.len()
+            );
+        }
+        result
+    }
+
+    /// The working history, or with `sent` the last sent history (empty before the
+    /// first turn since the session was loaded).
+    pub async fn history(
+        self: &Arc<Self>,
+        id: &str,
+        sent: bool,
+    ) -> Result<Vec<plugin_api::RArc<plugin_api::Message>>, SessionError> {
+        self.with_session(id, move |session, _| {
+            Ok(if sent {
+                session.last_sent().map(<[_]>::to_vec).unwrap_or_default()
+            } else {
+                session.working().to_vec()
+            })
+        })
+        .await
+    }
+
+    /// A page of the transcript from message `from` (from 1): `(rows, next)`, `next` the
+    /// `from` of the next page if there is one.
+    pub async fn transcript(
+        self: &Arc<Self>,
+        id: &str,
+        from: u64,
+        limit: u64,
+    ) -> Result<(Vec<TranscriptRow>, Option<u64>), SessionError> {
+        self.slot(id)?;
+        let service = self.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let rows = service.store.transcript(&id, from.max(1), limit + 1)?;
+            let next = (rows.len() as u64 > limit).then(|| rows[limit as usize].seq);
+            let mut rows = rows;
+            rows.truncate(limit as usize);
+            Ok((rows, next))
+        })
+        .await
+        .unwrap_or_else(|e| Err(SessionError::new(ErrorKind::Store, e.to_string())))
+    }
+
+    /// Ends a session and deletes what is stored of it.
+    pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), SessionError> {
+        let slot = self.slot(id)?;
+        let _guard = tokio::time::timeout(self.turn_wait, slot.state.clone().lock_owned())
+            .await
+            .map_err(|_| SessionError::new(ErrorKind::Busy, format!("session \"{id}\" is busy")))?;
+        self.close(id, &slot).await?;
+        tracing::info!(session = %id, "session deleted");
+        Ok(())
+    }
+
+    /// Removes a session whose lock the caller holds.
+    async fn close(self: &Arc<Self>, id: &str, slot: &Arc<Slot>) -> Result<(), SessionError> {
+        if slot.closed.swap(true, Ordering::SeqCst) {
+            return Err(SessionError::not_found(id));
+        }
+        let service = self.clone();
+        let owned = id.to_string();
+        let deleted = tokio::task::spawn_blocking(move || service.store.delete(&owned))
+            .await
+            .unwrap_or_else(|e| Err(StoreError(e.to_string())));
+        if let Err(e) = deleted {
+            slot.closed.store(false, Ordering::SeqCst);
+            return Err(e.into());
+        }
+        self.slots().remove(id);
+        Ok(())
+    }
+
+    /// The idle timeout in milliseconds (0 = never reap).
+    pub fn idle_timeout_ms(&self) -> u64 {
+        self.idle_timeout_ms.load(Ordering::SeqCst)
+    }
+
+    /// Closes every session idle longer than the idle timeout (a running turn keeps its
+    /// session). Returns how many.
+    pub async fn reap_idle(self: &Arc<Self>) -> usize {
+        let timeout = self.idle_timeout_ms();
+        if timeout == 0 {
+            return 0;
+        }
+        let now = now_ms();
+        let idle: Vec<(String, Arc<Slot>)> = self
+            .slots()
+            .iter()
+            .filter(|(_, slot)| now.saturating_sub(slot.info().last_active) > timeout)
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect();
+        let mut reaped = 0;
+        for (id, slot) in idle {
+            let Ok(_guard) = slot.state.clone().try_lock_owned() else {
+                continue;
+            };
+            let idle_ms = now.saturating_sub(slot.info().last_active);
+            if idle_ms <= timeout {
+                continue;
+            }
+            match self.close(&id, &slot).await {
+                Ok(()) => {
+                    reaped += 1;
+                    tracing::info!(
+                        session = %id,
+                        "session reaped: idle {:.1} s, past the idle timeout of {:.1} s",
+                        idle_ms as f64 / 1000.0,
+                        timeout as f64 / 1000.0
+                    );
+                }
+                Err(e) => tracing::warn!(session = %id, "cannot reap the session: {e}"),
+            }
+        }
+        reaped
+    }
+
+    /// Runs the reaper until the service shuts down: it looks every quarter of the idle
+    /// timeout (between 50 ms and 30 s).
+    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let service = self.clone();
+        tokio::spawn(async move {
+            while !service.is_shutting_down() {
+                let timeout = service.idle_timeout_ms();
+                let every = if timeout == 0 {
+                    1000
+                } else {
+                    (timeout / 4).clamp(50, 30_000)
+                };
+                tokio::time::sleep(Duration::from_millis(every)).await;
+                service.reap_idle().await;
+            }
+        })
+    }
+
+    /// Runs a runtime command on session `id` (docs/sessions.md#runtime-commands).
+    pub async fn command(self: &Arc<Self>, id: &str, command: Command) -> Result<Value, SessionError> {
+        self.refuse_if_shutting_down()?;
+        self.slot(id)?;
+        match command {
+            Command::Model(model) => {
+                let outcome = self.switch_model(id, model).await?;
+                Ok(switch_json(&outcome))
+            }
+            Command::MaxCtx { value, temporary } => {
+                if !temporary {
+                    self.edit_config(Edit::MaxCtx(value)).await?;
+                }
+                let updated = self.set_agent_max_ctx(value).await?;
+                Ok(json!({
+                    "agent_max_ctx": value,
+                    "written": !temporary,
+                    "sessions_updated": updated,
+                    "effective_ctx": self.info(id)?.effective_ctx,
+                }))
+            }
+            Command::MaxUsers(value) => {
+                self.edit_config(Edit::MaxUsers(value)).await?;
+                self.change_config(|c| c.max_users = value);
+                Ok(json!({"max_users": value, "written": true}))
+            }
+            Command::SessionTimeout(minutes) => {
+                self.edit_config(Edit::SessionTimeout(minutes)).await?;
+                self.change_config(|c| c.session_idle_timeout_minutes = minutes);
+                self.idle_timeout_ms.store(minutes * 60_000, Ordering::SeqCst);
+                Ok(json!({"session_idle_timeout_minutes": minutes, "written": true}))
+            }
+            Command::Expand(target) => {
+                let (index, message, event) = self
+                    .with_session(id, move |session, env| session.expand(env, &target))
+                    .await?;
+                Ok(json!({
+                    "index": index,
+                    "message": message_json(&message),
+                    "event": event_json("host", &event),
+                }))
+            }
+            Command::History => {
+                self.with_session(id, |session, _| {
+                    Ok(json!({
+                        "working_size": session.working().len(),
+                        "lines": session.history_lines(),
+                    }))
+                })
+                .await
+            }
+            Command::Clear => {
+                self.with_session(id, |session, env| {
+                    session.clear(env)?;
+                    Ok(json!({"working_size": 0, "cleared_at": session.row.cleared_at}))
+                })
+                .await
+            }
+        }
+    }
+
+    /// Writes a host-wide setting to the configuration file as agentctl does.
+    async fn edit_config(&self, edit: Edit) -> Result<(), SessionError> {
+        let file = self.config_file.clone();
+        let outcome = tokio::task::spawn_blocking(move || agentctl::edit::run(&file, &edit, None, &|| {}))
+            .await
+            .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
+            .map_err(|refused| SessionError::bad_input(refused.0))?;
+        tracing::info!("{}: {}", outcome.file.display(), outcome.summary);
+        Ok(())
+    }
+
+    /// Sets the live `agent_max_ctx` and recomputes every session's `effective_ctx`
+    /// between their operations. Returns how many sessions changed.
+    async fn set_agent_max_ctx(self: &Arc<Self>, value: u64) -> Result<usize, SessionError> {
+        let service = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _settings = service.settings.write().unwrap_or_else(|e| e.into_inner());
+            let config = service.change_config(|c| c.agent_max_ctx = value);
+            let slots: Vec<Arc<Slot>> = service.slots().values().cloned().collect();
+            let mut changes = Vec::new();
+            for slot in &slots {
+                let info = slot.info();
+                let effective_ctx = config.model(&info.model).effective_ctx;
+                if effective_ctx != info.effective_ctx {
+                    changes.push((slot.clone(), info.id, effective_ctx));
+                }
+            }
+            let updates: Vec<(String, u64)> = changes.iter().map(|(_, id, e)| (id.clone(), *e)).collect();
+            service.store.set_effective_ctx(&updates)?;
+            for (slot, _, effective_ctx) in &changes {
+                slot.info.lock().unwrap_or_else(|e| e.into_inner()).effective_ctx = *effective_ctx;
+            }
+            tracing::info!(
+                "agent_max_ctx = {value}: effective_ctx recomputed for {} sessions",
+                changes.len()
+            );
+            Ok(changes.len())
+        })
+        .await
+        .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
+    }
+
+    /// `Ok` when the store takes writes.
+    pub async fn health(self: &Arc<Self>) -> Result<(), String> {
+        let service = self.clone();
+        tokio::task::spawn_blocking(move || service.store.check_writable())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("store unwritable: {e}"))
+    }
+}
+
+fn new_slot(info: SessionInfo, session: Option<Session>) -> Slot {
+    Slot {
+        info: Mutex::new(info),
+        state: Arc::new(AsyncMutex::new(session)),
+        closed: AtomicBool::new(false),
+    }
+}
+
+impl ErrorKind {
+    fn code_for_metrics(self) -> &'static str {
+        match self {
+            ErrorKind::BadInput => "bad_input",
+            ErrorKind::PluginFailed => "plugin_failed",
+            ErrorKind::Busy => "busy",
+            ErrorKind::NotFound => "not_found",
+            _ => "store_failed",
+        }
+    }
+}
+
+/// A message as its JSON value.
+pub fn message_json(message: &plugin_api::Message) -> Value {
+    serde_json::from_str(&plugin_api::wire::message_to_string(message)).unwrap_or(Value::Null)
+}
+
+/// A history as a JSON array.
+pub fn history_json(history: &[plugin_api::RArc<plugin_api::Message>]) -> Value {
+    serde_json::from_str(&plugin_api::wire::history_to_string(history)).unwrap_or(Value::Null)
+}
+
+/// An event as JSON, with the plugin that reported it.
+pub fn event_json(plugin: &str, event: &plugin_api::Event) -> Value {
+    json!({
+        "plugin": plugin,
+        "kind": event.kind.as_str(),
+        "turn": event.turn,
+        "index": event.index.into_option(),
+        "id": event.id.as_ref().into_option().map(|s| s.as_str()),
+        "reason": event.reason.as_str(),
+        "tokens_saved": event.tokens_saved.into_option(),
+    })
+}
+
+/// A model switch's result: `{model, effective_ctx, history}` (the working history).
+pub fn switch_json(outcome: &SwitchOutcome) -> Value {
+    json!({
+        "model": outcome.model.name.as_str(),
+        "previous_model": outcome.old,
+        "effective_ctx": outcome.model.effective_ctx,
+        "history": history_json(&outcome.run.working),
+        "working_size": outcome.run.working.len(),
+    })
+}
+
+/// A turn's result: `{turn, history, working_size, events, stats}`.
+pub fn turn_json(outcome: &TurnOutcome) -> Value {
+    let run = &outcome.run;
+    let mut events = Vec::new();
+    let mut stats = Vec::new();
+    for stage in outcome.switch.iter().flat_map(|s| &s.stages) {
+        for event in &stage.events {
+            events.push(event_json(&stage.plugin, event));
+        }
+    }
+    for stage in &run.stages {
+        for event in &stage.events {
+            events.push(event_json(&stage.plugin, event));
+        }
+        stats.push(json!({
+            "plugin": stage.plugin,
+            "view": stage.view,
+            "messages_in": stage.messages_in,
+            "messages_out": stage.messages_out,
+            "tokens_in": stage.tokens_in,
+            "tokens_out": stage.tokens_out,
+            "ms": stage.elapsed.as_secs_f64() * 1000.0,
+            "prefix_kept": stage.prefix_kept,
+            "skipped": stage.skipped,
+        }));
+    }
+    json!({
+        "turn": outcome.turn,
+        "model": outcome.model.name.as_str(),
+        "effective_ctx": outcome.model.effective_ctx,
+        "history": history_json(&run.history),
+        "working_size": run.working.len(),
+        "events": events,
+        "stats": stats,
+        "prefix_kept": run.prefix_kept,
+        "input_faults": run.input_faults,
+    })
+}

@@ -1,0 +1,589 @@
+//! One session in memory and the operations on it: a turn, a model switch, `/clear`,
+//! an expansion. Each runs on a blocking thread, holds the session's lock, and either
+//! commits one store transaction and then changes the session in memory, or changes
+//! nothing at all.
+
+use std::collections::HashMap;
+
+use history_engine::expand::{self, Target};
+use history_engine::{stateless_context, turns, Call, Chain, ChainRun, Config};
+use plugin_api::wire::{message_to_string, parse_message};
+use plugin_api::{
+    CompactMode, Content, Context, Event, ExpirationMode, ExpirationOverride, Message, ModelInfo, Part, RArc,
+    ROption, RVec, Role,
+};
+use serde_json::Value;
+
+use crate::clock::rfc3339;
+use crate::error::{ErrorKind, SessionError};
+use crate::store::{CopyRow, SessionRow, SessionWrite, Store, StoredSession, TranscriptRow, WorkingRef};
+
+/// A session in memory: its row, its working history (each message with the store entry
+/// it is) and the last sent history (kept in memory only: a view of one turn).
+pub struct Session {
+    pub row: SessionRow,
+    working: Vec<RArc<Message>>,
+    refs: Vec<WorkingRef>,
+    last_sent: Option<Vec<RArc<Message>>>,
+}
+
+/// One `context` item of a turn (docs/http-api.md): text added to the turn's newest user
+/// message, in what is sent only (`display`) or stored too (`save`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextItem {
+    pub text: String,
+    /// `None`: display only; `Some(None)`: saved and kept; `Some(Some(n))`: saved with
+    /// retention policy `n`.
+    pub save: Option<Option<u64>>,
+}
+
+impl ContextItem {
+    /// Parses a turn's `context` list; errors name the item and member.
+    pub fn parse_list(value: &Value) -> Result<Vec<ContextItem>, SessionError> {
+        let Value::Array(items) = value else {
+            return Err(SessionError::bad_input(
+                "context: expected an array of {text, display, save}",
+            ));
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let bad = |what: String| SessionError::bad_input(format!("context {i}: {what}"));
+                let Value::Object(item) = item else {
+                    return Err(bad("expected an object {text, display, save}".into()));
+                };
+                let mut text = None;
+                let mut display = false;
+                let mut save = None;
+                for (key, value) in item {
+                    match (key.as_str(), value) {
+                        ("text", Value::String(s)) => text = Some(s.clone()),
+                        ("display", Value::Bool(b)) => display = *b,
+                        ("save", Value::Bool(true)) => save = Some(None),
+                        ("save", Value::Bool(false)) | ("save", Value::Null) => save = None,
+                        ("save", Value::Number(n)) if n.as_u64().is_some() => save = Some(n.as_u64()),
+                        ("text" | "display" | "save", other) => {
+                            return Err(bad(format!("{key}: unexpected value {other}")))
+                        }
+                        (other, _) => {
+                            return Err(bad(format!(
+                                "unknown member \"{other}\" (expected text, display, save)"
+                            )))
+                        }
+                    }
+                }
+                let text = text.ok_or_else(|| bad("missing \"text\"".into()))?;
+                if !display && save.is_none() {
+                    return Err(bad("neither display nor save: the item would go nowhere".into()));
+                }
+                Ok(ContextItem { text, save })
+            })
+            .collect()
+    }
+}
+
+/// A turn's input, already parsed (bad input is refused before a turn starts).
+pub struct TurnInput {
+    pub messages: Vec<RArc<Message>>,
+    pub model: Option<String>,
+    pub context: Vec<ContextItem>,
+}
+
+/// What a turn did.
+pub struct TurnOutcome {
+    pub turn: u64,
+    pub model: ModelInfo,
+    /// The chain run: `history` is the sent history (with the turn's display context),
+    /// `working` what is stored now.
+    pub run: ChainRun,
+    /// The model switch run first, when the turn asked for another model.
+    pub switch: Option<ChainRun>,
+}
+
+/// What a model switch did.
+pub struct SwitchOutcome {
+    pub old: String,
+    pub model: ModelInfo,
+    pub run: ChainRun,
+}
+
+/// The host-wide things an operation reads: the chain, the live configuration, the store.
+pub struct Env<'a> {
+    pub chain: &'a Chain,
+    pub config: &'a Config,
+    pub store: &'a dyn Store,
+    pub now: u64,
+}
+
+impl Session {
+    /// A new, empty session.
+    pub fn new(row: SessionRow) -> Session {
+        Session {
+            row,
+            working: Vec::new(),
+            refs: Vec::new(),
+            last_sent: None,
+        }
+    }
+
+    /// A session as stored: its working history's messages get their transcript
+    /// identities back.
+    pub fn from_stored(stored: StoredSession) -> Result<Session, SessionError> {
+        let mut working = Vec::with_capacity(stored.working.len());
+        let mut refs = Vec::with_capacity(stored.working.len());
+        for (reference, seq, text) in stored.working {
+            let value: Value = serde_json::from_str(&text).map_err(|e| {
+                SessionError::new(ErrorKind::Store, format!("stored message is not JSON: {e}"))
+            })?;
+            let mut message = parse_message(&value)
+                .map_err(|e| SessionError::new(ErrorKind::Store, format!("stored message: {e}")))?;
+            if let Some(seq) = seq {
+                message.set_origin(seq);
+            }
+            working.push(RArc::new(message));
+            refs.push(reference);
+        }
+        turns::prepare(&mut working, stored.row.turn.max(1));
+        Ok(Session {
+            row: stored.row,
+            working,
+            refs,
+            last_sent: None,
+        })
+    }
+
+    pub fn working(&self) -> &[RArc<Message>] {
+        &self.working
+    }
+
+    /// The last sent history, if a turn ran since the session was loaded.
+    pub fn last_sent(&self) -> Option<&[RArc<Message>]> {
+        self.last_sent.as_deref()
+    }
+
+    /// The model's settings with this session's window.
+    fn model_info(&self, config: &Config, name: &str, effective_ctx: u64) -> ModelInfo {
+        let mut model = config.model(name);
+        model.effective_ctx = effective_ctx;
+        model
+    }
+
+    fn context(&self, env: &Env<'_>, model: ModelInfo, turn: u64) -> Result<Context, SessionError> {
+        // The stateless context (the host's services, the model's window) plus what the
+        // session knows.
+        let mut ctx = stateless_context(env.config, model, turn);
+        ctx.session_id = ROption::RSome(self.row.id.as_str().into());
+        ctx.last_active = ROption::RSome(rfc3339(self.row.last_active).into());
+        ctx.expiration_override = match &self.row.expiration_override {
+            Some(json) => ROption::RSome(parse_override(
+                &serde_json::from_str(json).unwrap_or(Value::Null),
+            )?),
+            None => ROption::RNone,
+        };
+        Ok(ctx)
+    }
+
+    /// Runs `on_model_switch` on every stage on `history`, for a switch to `name`.
+    fn switch_run(
+        &self,
+        env: &Env<'_>,
+        history: Vec<RArc<Message>>,
+        name: &str,
+    ) -> Result<(ModelInfo, ChainRun), SessionError> {
+        let old = self.model_info(env.config, &self.row.model, self.row.effective_ctx);
+        let new = env.config.model(name);
+        let ctx = self.context(env, new.clone(), self.row.turn.max(1))?;
+        let run = env
+            .chain
+            .run(history, &ctx, Call::ModelSwitch { old: &old, new: &new })
+            .map_err(plugin_failed)?;
+        Ok((new, run))
+    }
+
+    /// One turn (docs/sessions.md#a-turn). On error nothing is stored or changed.
+    pub fn turn(&mut self, env: &Env<'_>, input: TurnInput) -> Result<TurnOutcome, SessionError> {
+        let turn = self.row.turn + 1;
+        let mut row = self.row.clone();
+        let mut history = self.working.clone();
+        let mut switch = None;
+        if let Some(name) = input.model.as_deref().filter(|m| *m != self.row.model) {
+            let (model, run) = self.switch_run(env, history, name)?;
+            history = run.working.clone();
+            row.model = name.to_string();
+            row.effective_ctx = model.effective_ctx;
+            switch = Some(run);
+        }
+        let model = self.model_info(env.config, &row.model, row.effective_ctx);
+
+        let mut entering = input.messages;
+        let newest_user = entering.iter().rposition(|m| m.role == Role::User);
+        if !input.context.is_empty() && newest_user.is_none() {
+            return Err(SessionError::bad_input(
+                "context: the turn has no user message to add it to",
+            ));
+        }
+        let first_seq = row.transcript_len + 1;
+        let stamp = rfc3339(env.now);
+        for (offset, message) in entering.iter_mut().enumerate() {
+            let message = RArc::make_mut(message);
+            if Some(offset) == newest_user {
+                add_saved_context(message, &input.context);
+            }
+            let meta = message.meta_mut();
+            if meta.id.is_none() {
+                meta.id = ROption::RSome(format!("{}-{}", row.id, first_seq + offset as u64).into());
+            }
+            meta.timestamp = ROption::RSome(stamp.as_str().into());
+        }
+        turns::stamp_entering(&mut entering, turn, Some(first_seq));
+        let transcript: Vec<TranscriptRow> = entering
+            .iter()
+            .enumerate()
+            .map(|(offset, m)| TranscriptRow {
+                seq: first_seq + offset as u64,
+                turn,
+                message: message_to_string(m),
+            })
+            .collect();
+
+        let mut known = self.known();
+        for (offset, message) in entering.iter().enumerate() {
+            known
+                .entry(message.origin())
+                .or_default()
+                .push((message.clone(), WorkingRef::Transcript(first_seq + offset as u64)));
+        }
+        history.extend(entering.iter().cloned());
+        let ctx = self.context(env, model.clone(), turn)?;
+        let mut run = env
+            .chain
+            .run_compared(history, &ctx, Call::Process, self.last_sent.as_deref())
+            .map_err(plugin_failed)?;
+        if let Some(index) = newest_user {
+            add_display_context(&mut run.history, entering[index].origin(), &input.context);
+        }
+
+        row.turn = turn;
+        row.transcript_len += entering.len() as u64;
+        row.last_active = env.now;
+        let update = self.working_update(&mut row, &run.working, &known);
+        env.store.commit(&SessionWrite {
+            row: Some(&row),
+            transcript: &transcript,
+            working: &update.refs,
+            new_copies: &update.new_copies,
+            dropped_copies: &update.dropped,
+        })?;
+        self.row = row;
+        self.working = run.working.clone();
+        self.refs = update.refs;
+        self.last_sent = Some(run.history.clone());
+        Ok(TurnOutcome {
+            turn,
+            model,
+            run,
+            switch,
+        })
+    }
+
+    /// A model switch (docs/sessions.md#model-switch): `on_model_switch` on every stage,
+    /// its result stored as the working history, `effective_ctx` recomputed.
+    pub fn switch_model(&mut self, env: &Env<'_>, name: &str) -> Result<SwitchOutcome, SessionError> {
+        let (model, run) = self.switch_run(env, self.working.clone(), name)?;
+        let mut row = self.row.clone();
+        let old = std::mem::replace(&mut row.model, name.to_string());
+        row.effective_ctx = model.effective_ctx;
+        row.last_active = env.now;
+        let known = self.known();
+        self.store_working(env, row, run.working.clone(), &known)?;
+        Ok(SwitchOutcome { old, model, run })
+    }
+
+    /// `/clear`: the working history becomes empty; the transcript keeps everything.
+    pub fn clear(&mut self, env: &Env<'_>) -> Result<(), SessionError> {
+        let mut row = self.row.clone();
+        row.cleared_at = row.transcript_len;
+        row.last_active = env.now;
+        self.store_working(env, row, Vec::new(), &HashMap::new())?;
+        self.last_sent = None;
+        Ok(())
+    }
+
+    /// Expands one message of the working history (docs/plugins.md, expansion): it is
+    /// marked `expanded`, so it stays expanded. Returns its index, the message and the event.
+    pub fn expand(
+        &mut self,
+        env: &Env<'_>,
+        target: &str,
+    ) -> Result<(usize, RArc<Message>, Event), SessionError> {
+        let mut working = self.working.clone();
+        let target = match target.parse::<usize>() {
+            Ok(index) => Target::ByIndex(index),
+            Err(_) => Target::ById(target),
+        };
+        let event = expand::expand(&mut working, target, self.row.turn.max(1))
+            .map_err(|e| SessionError::bad_input(e.to_string()))?;
+        let index = event.index.into_option().unwrap_or(0) as usize;
+        let mut row = self.row.clone();
+        row.last_active = env.now;
+        let known = self.known();
+        let message = working[index].clone();
+        self.store_working(env, row, working, &known)?;
+        Ok((index, message, event))
+    }
+
+    /// `/history`: one line per working message: index, role, turn, characters, flags.
+    pub fn history_lines(&self) -> Vec<String> {
+        self.working
+            .iter()
+            .enumerate()
+            .map(|(index, m)| {
+                let mut line = format!(
+                    "{index:>4} {:<9} turn {:<4} {:>7} chars",
+                    m.role.as_str(),
+                    m.turn,
+                    m.content.char_count()
+                );
+                if !m.tool_calls.is_empty() {
+                    line.push_str(&format!(" {} tool calls", m.tool_calls.len()));
+                }
+                if let Some(meta) = m.meta() {
+                    let flags: Vec<&str> = [
+                        (meta.was_compacted(), "compacted"),
+                        (meta.omitted(), "omitted"),
+                        (meta.is_expired(), "expired"),
+                        (meta.can_expand(), "can_expand"),
+                        (meta.expanded(), "expanded"),
+                    ]
+                    .iter()
+                    .filter(|(set, _)| *set)
+                    .map(|(_, name)| *name)
+                    .collect();
+                    if let Some(id) = m.id() {
+                        line.push_str(&format!(" id {id}"));
+                    }
+                    if !flags.is_empty() {
+                        line.push_str(&format!(" [{}]", flags.join(", ")));
+                    }
+                }
+                line
+            })
+            .collect()
+    }
+
+    /// Stores `working` as the working history with `row`, then keeps both in memory.
+    fn store_working(
+        &mut self,
+        env: &Env<'_>,
+        mut row: SessionRow,
+        working: Vec<RArc<Message>>,
+        known: &Known,
+    ) -> Result<(), SessionError> {
+        let update = self.working_update(&mut row, &working, known);
+        env.store.commit(&SessionWrite {
+            row: Some(&row),
+            transcript: &[],
+            working: &update.refs,
+            new_copies: &update.new_copies,
+            dropped_copies: &update.dropped,
+        })?;
+        self.row = row;
+        self.working = working;
+        self.refs = update.refs;
+        Ok(())
+    }
+
+    /// The stored working history's messages by identity, with their store entries.
+    fn known(&self) -> Known {
+        let mut known: Known = HashMap::with_capacity(self.working.len());
+        for (message, reference) in self.working.iter().zip(&self.refs) {
+            known
+                .entry(message.origin())
+                .or_default()
+                .push((message.clone(), *reference));
+        }
+        known
+    }
+
+    /// What storing `working` writes: a message that is (byte for byte) one the store has
+    /// keeps its entry; any other becomes a new copy. Copies no longer used are dropped.
+    fn working_update(
+        &self,
+        row: &mut SessionRow,
+        working: &[RArc<Message>],
+        known: &Known,
+    ) -> WorkingUpdate {
+        let mut refs = Vec::with_capacity(working.len());
+        let mut new_copies = Vec::new();
+        for message in working {
+            let found = known.get(&message.origin()).and_then(|candidates| {
+                candidates
+                    .iter()
+                    .find(|(m, _)| std::ptr::eq::<Message>(&**m, &**message) || **m == **message)
+                    .map(|(_, r)| *r)
+            });
+            let reference = match found {
+                Some(r) => r,
+                None => {
+                    let key = row.next_copy;
+                    row.next_copy += 1;
+                    let origin = message.origin();
+                    new_copies.push(CopyRow {
+                        key,
+                        seq: (origin != 0 && origin <= row.transcript_len).then_some(origin),
+                        message: message_to_string(message),
+                    });
+                    WorkingRef::Copy(key)
+                }
+            };
+            refs.push(reference);
+        }
+        let kept: std::collections::HashSet<u64> = refs
+            .iter()
+            .filter_map(|r| match r {
+                WorkingRef::Copy(k) => Some(*k),
+                WorkingRef::Transcript(_) => None,
+            })
+            .collect();
+        let mut dropped: Vec<u64> = self
+            .refs
+            .iter()
+            .filter_map(|r| match r {
+                WorkingRef::Copy(k) if !kept.contains(k) => Some(*k),
+                _ => None,
+            })
+            .collect();
+        dropped.sort_unstable();
+        dropped.dedup();
+        WorkingUpdate {
+            refs,
+            new_copies,
+            dropped,
+        }
+    }
+}
+
+type Known = HashMap<u64, Vec<(RArc<Message>, WorkingRef)>>;
+
+struct WorkingUpdate {
+    refs: Vec<WorkingRef>,
+    new_copies: Vec<CopyRow>,
+    dropped: Vec<u64>,
+}
+
+fn plugin_failed(failure: history_engine::PluginFailure) -> SessionError {
+    SessionError {
+        plugin: Some(failure.plugin.clone()),
+        ..SessionError::new(ErrorKind::PluginFailed, failure.to_string())
+    }
+}
+
+/// Adds the `save` items as text parts to the stored message; with any, every part gets
+/// a retention policy (the original parts `null`).
+fn add_saved_context(message: &mut Message, items: &[ContextItem]) {
+    let saved: Vec<&ContextItem> = items.iter().filter(|i| i.save.is_some()).collect();
+    if saved.is_empty() {
+        return;
+    }
+    let mut parts: Vec<Part> = message.content.to_parts().into_iter().collect();
+    let original = parts.len();
+    let mut policy: Vec<ROption<u64>> = match message
+        .meta()
+        .and_then(|m| m.retention_policy.as_ref().into_option())
+    {
+        Some(p) if p.len() == original => p.iter().cloned().collect(),
+        _ => vec![ROption::RNone; original],
+    };
+    for item in saved {
+        parts.push(Part::text(item.text.as_str()));
+        policy.push(item.save.flatten().into());
+    }
+    message.content = Content::Parts(parts.into_iter().collect());
+    message.meta_mut().retention_policy = ROption::RSome(policy.into_iter().collect::<RVec<_>>());
+}
+
+/// Adds the `display` items as text parts to the message `origin` of the sent history.
+fn add_display_context(sent: &mut [RArc<Message>], origin: u64, items: &[ContextItem]) {
+    let shown: Vec<&ContextItem> = items.iter().filter(|i| i.save.is_none()).collect();
+    if shown.is_empty() {
+        return;
+    }
+    let Some(message) = sent
+        .iter_mut()
+        .rev()
+        .find(|m| m.origin() == origin && m.role == Role::User)
+    else {
+        return;
+    };
+    let mut copy = (**message).clone();
+    let mut parts: Vec<Part> = copy.content.to_parts().into_iter().collect();
+    let had_policy = copy
+        .meta()
+        .and_then(|m| m.retention_policy.as_ref().into_option())
+        .is_some_and(|p| p.len() == parts.len());
+    for item in &shown {
+        parts.push(Part::text(item.text.as_str()));
+    }
+    if had_policy {
+        let meta = copy.meta_mut();
+        if let ROption::RSome(policy) = &mut meta.retention_policy {
+            for _ in &shown {
+                policy.push(ROption::RNone);
+            }
+        }
+    }
+    copy.content = Content::Parts(parts.into_iter().collect());
+    *message = RArc::new(copy);
+}
+
+/// A session's expiration override from JSON: the keys of `[plugin.retention.override]`
+/// (docs/plugins.md).
+pub fn parse_override(value: &Value) -> Result<ExpirationOverride, SessionError> {
+    let bad = |what: String| SessionError::bad_input(format!("expiration_override: {what}"));
+    let Value::Object(object) = value else {
+        return Err(bad("expected an object".into()));
+    };
+    let mut o = ExpirationOverride::default();
+    for (key, value) in object {
+        match key.as_str() {
+            "turns" => {
+                o.turns = ROption::RSome(
+                    value
+                        .as_u64()
+                        .ok_or_else(|| bad("turns: expected an integer ≥ 0".into()))?,
+                )
+            }
+            "compact_length" => {
+                o.compact_length = ROption::RSome(
+                    value
+                        .as_u64()
+                        .ok_or_else(|| bad("compact_length: expected an integer ≥ 0".into()))?,
+                )
+            }
+            "mode" => {
+                o.mode = ROption::RSome(
+                    value
+                        .as_str()
+                        .and_then(ExpirationMode::parse)
+                        .ok_or_else(|| bad("mode: expected none, remove or compact".into()))?,
+                )
+            }
+            "compact_mode" => {
+                o.compact_mode = ROption::RSome(
+                    value
+                        .as_str()
+                        .and_then(CompactMode::parse)
+                        .ok_or_else(|| bad("compact_mode: expected first_n_chars or ai_summary".into()))?,
+                )
+            }
+            "disable_expiration" => {
+                o.disable_expiration = value
+                    .as_bool()
+                    .ok_or_else(|| bad("disable_expiration: expected a boolean".into()))?
+            }
+            other => return Err(bad(format!("unknown key \"{other}\""))),
+        }
+    }
+    Ok(o)
+}

@@ -1,0 +1,451 @@
+//! The embedded store: one SQLite database in WAL mode (docs/sessions.md says why these
+//! settings, and what they guarantee).
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{
+    decode_working, encode_working, SessionRow, SessionWrite, Store, StoreError, StoredSession,
+    TranscriptRow, WorkingRef,
+};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    effective_ctx INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    transcript_len INTEGER NOT NULL,
+    cleared_at INTEGER NOT NULL,
+    expiration_override TEXT,
+    created_at INTEGER NOT NULL,
+    last_active INTEGER NOT NULL,
+    next_copy INTEGER NOT NULL,
+    working TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transcript (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE IF NOT EXISTS working_copies (
+    session_id TEXT NOT NULL,
+    key INTEGER NOT NULL,
+    seq INTEGER,
+    message TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+";
+
+/// The embedded SQLite store. One connection writes (SQLite has one writer at a time
+/// anyway), another reads, so a transcript page does not wait for a commit's fsync.
+pub struct SqliteStore {
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+}
+
+fn err(e: rusqlite::Error) -> StoreError {
+    StoreError(e.to_string())
+}
+
+fn open(path: &Path) -> Result<Connection, StoreError> {
+    let connection =
+        Connection::open(path).map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+    connection
+        .busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(err)?;
+    // WAL: readers never block the writer. synchronous = FULL: every commit is fsynced
+    // before it returns, so an acknowledged turn survives a killed process and a power
+    // loss alike (docs/sessions.md, durability).
+    let mode: String = connection
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError(format!(
+            "{}: cannot use WAL mode (got {mode})",
+            path.display()
+        )));
+    }
+    connection
+        .execute_batch("PRAGMA synchronous = FULL;")
+        .map_err(err)?;
+    Ok(connection)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| StoreError(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let writer = open(path)?;
+        let version: i64 = writer
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(err)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError(format!(
+                "{} was written by a newer history-host (schema {version}, this one knows {SCHEMA_VERSION})",
+                path.display()
+            )));
+        }
+        writer.execute_batch(SCHEMA).map_err(err)?;
+        writer
+            .execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
+            .map_err(err)?;
+        let reader = open(path)?;
+        Ok(SqliteStore {
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+        })
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SessionRow, String)> {
+    Ok((
+        SessionRow {
+            id: r.get(0)?,
+            model: r.get(1)?,
+            effective_ctx: r.get::<_, i64>(2)? as u64,
+            turn: r.get::<_, i64>(3)? as u64,
+            transcript_len: r.get::<_, i64>(4)? as u64,
+            cleared_at: r.get::<_, i64>(5)? as u64,
+            expiration_override: r.get(6)?,
+            created_at: r.get::<_, i64>(7)? as u64,
+            last_active: r.get::<_, i64>(8)? as u64,
+            next_copy: r.get::<_, i64>(9)? as u64,
+        },
+        r.get(10)?,
+    ))
+}
+
+const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript_len, cleared_at, \
+     expiration_override, created_at, last_active, next_copy, working";
+
+impl Store for SqliteStore {
+    fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
+        self.writer()
+            .execute(
+                &format!("INSERT INTO sessions ({ROW_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, '')"),
+                params![
+                    row.id,
+                    row.model,
+                    row.effective_ctx as i64,
+                    row.turn as i64,
+                    row.transcript_len as i64,
+                    row.cleared_at as i64,
+                    row.expiration_override,
+                    row.created_at as i64,
+                    row.last_active as i64,
+                    row.next_copy as i64,
+                ],
+            )
+            .map_err(err)?;
+        Ok(())
+    }
+
+    fn commit(&self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
+        let Some(row) = write.row else {
+            return Err(StoreError("a session write needs its row".into()));
+        };
+        let mut connection = self.writer();
+        let tx = connection.transaction().map_err(err)?;
+        {
+            let updated = tx
+                .execute(
+                    "UPDATE sessions SET model = ?2, effective_ctx = ?3, turn = ?4, transcript_len = ?5, \
+                     cleared_at = ?6, expiration_override = ?7, last_active = ?8, next_copy = ?9, working = ?10 \
+                     WHERE id = ?1",
+                    params![
+                        row.id,
+                        row.model,
+                        row.effective_ctx as i64,
+                        row.turn as i64,
+                        row.transcript_len as i64,
+                        row.cleared_at as i64,
+                        row.expiration_override,
+                        row.last_active as i64,
+                        row.next_copy as i64,
+                        encode_working(write.working),
+                    ],
+                )
+                .map_err(err)?;
+            if updated != 1 {
+                return Err(StoreError(format!("no session {}", row.id)));
+            }
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO transcript (session_id, seq, turn, message) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(err)?;
+            for t in write.transcript {
+                insert
+                    .execute(params![row.id, t.seq as i64, t.turn as i64, t.message])
+                    .map_err(err)?;
+            }
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO working_copies (session_id, key, seq, message) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(err)?;
+            for c in write.new_copies {
+                insert
+                    .execute(params![row.id, c.key as i64, c.seq.map(|s| s as i64), c.message])
+                    .map_err(err)?;
+            }
+            let mut delete = tx
+                .prepare_cached("DELETE FROM working_copies WHERE session_id = ?1 AND key = ?2")
+                .map_err(err)?;
+            for key in write.dropped_copies {
+                delete.execute(params![row.id, *key as i64]).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
+    }
+
+    fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {
+        let mut connection = self.writer();
+        let tx = connection.transaction().map_err(err)?;
+        {
+            let mut update = tx
+                .prepare_cached("UPDATE sessions SET effective_ctx = ?2 WHERE id = ?1")
+                .map_err(err)?;
+            for (id, effective_ctx) in sessions {
+                update.execute(params![id, *effective_ctx as i64]).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
+    }
+
+    fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let mut connection = self.writer();
+        let tx = connection.transaction().map_err(err)?;
+        let deleted = tx
+            .execute("DELETE FROM sessions WHERE id = ?1", params![id])
+            .map_err(err)?;
+        tx.execute("DELETE FROM transcript WHERE session_id = ?1", params![id])
+            .map_err(err)?;
+        tx.execute("DELETE FROM working_copies WHERE session_id = ?1", params![id])
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(deleted == 1)
+    }
+
+    fn sessions(&self) -> Result<Vec<(SessionRow, usize)>, StoreError> {
+        let connection = self.reader();
+        let mut statement = connection
+            .prepare(&format!(
+                "SELECT {ROW_COLUMNS} FROM sessions ORDER BY created_at, id"
+            ))
+            .map_err(err)?;
+        let rows = statement
+            .query_map([], row_of)
+            .map_err(err)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        rows.into_iter()
+            .map(|(row, working)| Ok((row, decode_working(&working)?.len())))
+            .collect()
+    }
+
+    fn load(&self, id: &str) -> Result<Option<StoredSession>, StoreError> {
+        let mut connection = self.reader();
+        // One snapshot for the row and the messages it references.
+        let tx = connection.transaction().map_err(err)?;
+        let Some((row, working)) = tx
+            .query_row(
+                &format!("SELECT {ROW_COLUMNS} FROM sessions WHERE id = ?1"),
+                params![id],
+                row_of,
+            )
+            .optional()
+            .map_err(err)?
+        else {
+            return Ok(None);
+        };
+        let refs = decode_working(&working)?;
+        let mut messages = Vec::with_capacity(refs.len());
+        {
+            let mut transcript = tx
+                .prepare_cached("SELECT message FROM transcript WHERE session_id = ?1 AND seq = ?2")
+                .map_err(err)?;
+            let mut copies = tx
+                .prepare_cached("SELECT seq, message FROM working_copies WHERE session_id = ?1 AND key = ?2")
+                .map_err(err)?;
+            for r in refs {
+                let found = match r {
+                    WorkingRef::Transcript(seq) => transcript
+                        .query_row(params![id, seq as i64], |r| r.get::<_, String>(0))
+                        .optional()
+                        .map_err(err)?
+                        .map(|m| (Some(seq), m)),
+                    WorkingRef::Copy(key) => copies
+                        .query_row(params![id, key as i64], |r| {
+                            Ok((
+                                r.get::<_, Option<i64>>(0)?.map(|s| s as u64),
+                                r.get::<_, String>(1)?,
+                            ))
+                        })
+                        .optional()
+                        .map_err(err)?,
+                };
+                let Some((seq, message)) = found else {
+                    return Err(StoreError(format!(
+                        "session {id}: working history entry {r:?} is missing"
+                    )));
+                };
+                messages.push((r, seq, message));
+            }
+        }
+        tx.finish().map_err(err)?;
+        Ok(Some(StoredSession {
+            row,
+            working: messages,
+        }))
+    }
+
+    fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError> {
+        let connection = self.reader();
+        let mut statement = connection
+            .prepare_cached(
+                "SELECT seq, turn, message FROM transcript WHERE session_id = ?1 AND seq >= ?2 \
+                 ORDER BY seq LIMIT ?3",
+            )
+            .map_err(err)?;
+        let rows = statement
+            .query_map(params![id, from as i64, limit.min(i64::MAX as u64) as i64], |r| {
+                Ok(TranscriptRow {
+                    seq: r.get::<_, i64>(0)? as u64,
+                    turn: r.get::<_, i64>(1)? as u64,
+                    message: r.get(2)?,
+                })
+            })
+            .map_err(err)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        Ok(rows)
+    }
+
+    fn check_writable(&self) -> Result<(), StoreError> {
+        let connection = self.writer();
+        connection
+            .execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
+            .map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str) -> SessionRow {
+        SessionRow {
+            id: id.into(),
+            model: "m".into(),
+            effective_ctx: 10,
+            turn: 0,
+            transcript_len: 0,
+            cleared_at: 0,
+            expiration_override: None,
+            created_at: 1,
+            last_active: 1,
+            next_copy: 1,
+        }
+    }
+
+    #[test]
+    fn a_committed_turn_is_there_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let store = SqliteStore::open(&path).unwrap();
+            store.create(&row("a")).unwrap();
+            store.create(&row("b")).unwrap();
+            let mut a = row("a");
+            a.turn = 1;
+            a.transcript_len = 2;
+            a.next_copy = 2;
+            let transcript = [
+                TranscriptRow {
+                    seq: 1,
+                    turn: 1,
+                    message: r#"{"role":"user","content":"q"}"#.into(),
+                },
+                TranscriptRow {
+                    seq: 2,
+                    turn: 1,
+                    message: r#"{"role":"assistant","content":"a"}"#.into(),
+                },
+            ];
+            let copies = [super::super::CopyRow {
+                key: 1,
+                seq: Some(2),
+                message: r#"{"role":"assistant","content":"[Omitted]"}"#.into(),
+            }];
+            store
+                .commit(&SessionWrite {
+                    row: Some(&a),
+                    transcript: &transcript,
+                    working: &[WorkingRef::Transcript(1), WorkingRef::Copy(1)],
+                    new_copies: &copies,
+                    dropped_copies: &[],
+                })
+                .unwrap();
+            // A write that fails part-way changes nothing: seq 2 exists already.
+            let mut again = a.clone();
+            again.turn = 2;
+            assert!(store
+                .commit(&SessionWrite {
+                    row: Some(&again),
+                    transcript: &transcript[1..],
+                    working: &[],
+                    ..Default::default()
+                })
+                .is_err());
+            assert!(store.delete("b").unwrap());
+            assert!(!store.delete("b").unwrap());
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let sessions = store.sessions().unwrap();
+        assert_eq!(sessions.len(), 1);
+        let loaded = store.load("a").unwrap().unwrap();
+        assert_eq!(loaded.row.turn, 1, "the failed write left the session as it was");
+        assert_eq!(
+            loaded.working,
+            [
+                (
+                    WorkingRef::Transcript(1),
+                    Some(1),
+                    r#"{"role":"user","content":"q"}"#.into()
+                ),
+                (
+                    WorkingRef::Copy(1),
+                    Some(2),
+                    r#"{"role":"assistant","content":"[Omitted]"}"#.into()
+                ),
+            ]
+        );
+        assert_eq!(store.transcript("a", 2, 10).unwrap().len(), 1);
+        assert!(store.load("b").unwrap().is_none());
+        store.check_writable().unwrap();
+        let mode: String = store
+            .reader()
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+}

@@ -1,0 +1,95 @@
+//! `history-host chat` driven through a pipe: turns, the other roles, the runtime
+//! commands, and a stored session resumed with `--session`.
+
+use e2e_tests::server::shipped_config;
+use e2e_tests::{describe, host_bin, run_with_stdin};
+use history_sessions::store::{SqliteStore, Store};
+
+fn chat(config: &e2e_tests::TestConfig, args: &[&str], input: &str) -> String {
+    let mut command = std::process::Command::new(host_bin());
+    command
+        .arg("chat")
+        .arg("--config")
+        .arg(&config.path)
+        .arg("--store")
+        .arg(config.dir.path().join("sessions.db"))
+        .args(args)
+        .env("HISTORY_LOG", "warn");
+    let output = run_with_stdin(command, input);
+    assert!(output.status.success(), "{}", describe(&output));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn chat_runs_turns_and_commands_and_resumes_a_stored_session() {
+    // local-8k (chars4: nothing to load) with room for the whole conversation.
+    let config = shipped_config("", &[("max_context = 16", "max_context = 100")]);
+    let mut input = String::from("Fix the parser bug.\n");
+    for k in 1..=6 {
+        input.push_str(&format!(
+            ":tool read_file contents of file {k}: {}\n",
+            "data ".repeat(40)
+        ));
+        input.push_str(&format!("question {k}\n"));
+    }
+    input.push_str("/history\n!frobnicate\n:bogus\n");
+    let out = chat(&config, &["--model", "local-8k"], &input);
+    let first = out.lines().next().unwrap();
+    let id = first
+        .strip_prefix("session ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    assert!(first.contains("(model local-8k, effective_ctx 100"), "{first}");
+    // The --explain table after each turn, and the sent history's size.
+    assert!(out.contains("input: 1 messages"), "{out}");
+    assert!(out.contains("tool_result_filter"), "{out}");
+    assert!(out.contains("turn 7: sent history"), "{out}");
+    assert!(out.contains("error: unknown command \"!frobnicate\""), "{out}");
+    assert!(out.contains("error: unknown \":bogus\""), "{out}");
+    // /history: one line per message; the old tool results are placeholders.
+    let history_at = out
+        .find("working history: 19 messages\n")
+        .unwrap_or_else(|| panic!("{out}"));
+    let lines: Vec<&str> = out[history_at..].lines().skip(1).take(19).collect();
+    let omitted = lines
+        .iter()
+        .find(|l| l.contains("omitted"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let index: usize = omitted.split_whitespace().next().unwrap().parse().unwrap();
+
+    // Resume: expand it, look, clear, one more turn.
+    let out = chat(
+        &config,
+        &["--session", &id],
+        &format!("!expand {index}\n/history\n/clear\n/history\nlast question\n"),
+    );
+    assert!(out.starts_with(&format!("session {id} (model local-8k")), "{out}");
+    assert!(
+        out.contains("turn 6") && out.contains("\"expanded\":true"),
+        "{out}"
+    );
+    assert!(out.contains("[expanded]"), "{out}");
+    assert!(out.contains("working history: 0 messages"), "{out}");
+    assert!(out.contains("turn 8: sent history 1 messages"), "{out}");
+
+    // The transcript holds every message, stamped.
+    let store = SqliteStore::open(&config.dir.path().join("sessions.db")).unwrap();
+    let transcript = store.transcript(&id, 1, 1000).unwrap();
+    assert_eq!(transcript.len(), 1 + 6 * 3 + 1);
+    let last: serde_json::Value = serde_json::from_str(&transcript.last().unwrap().message).unwrap();
+    assert_eq!(last["content"], "last question");
+    assert_eq!(last["metadata"]["turn_added"], 8);
+    assert_eq!(last["metadata"]["id"], format!("{id}-20"));
+
+    // An unknown session is refused.
+    let mut command = std::process::Command::new(host_bin());
+    command
+        .args(["chat", "--session", "nope", "--config"])
+        .arg(&config.path)
+        .arg("--store")
+        .arg(config.dir.path().join("sessions.db"));
+    let output = run_with_stdin(command, "");
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no session \"nope\""));
+}
