@@ -13,12 +13,13 @@ use serde_json::json as j;
 const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
     {"role":"assistant","content":"done"}]"#;
 
-/// Generous: the deadline is 300 ms, the machine may be loaded.
+/// Generous: the deadline is 300 ms, the machine may be loaded. The model counts with
+/// `chars4`, so no tokenizer is loaded during a timed turn.
 const BOUND: Duration = Duration::from_secs(15);
 
 fn config(on_error: &str, extra: &str, dir: &std::path::Path) -> TestConfig {
     TestConfig::new(&format!(
-        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"sleeper\"]\non_plugin_error = \"{on_error}\"\nplugin_timeout_ms = 300\n{extra}",
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"sleeper\"]\non_plugin_error = \"{on_error}\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n{extra}",
         dir.display().to_string()
     ))
 }
@@ -145,6 +146,16 @@ fn serve_answers_422_in_time_then_skips_the_quarantined_plugin_and_health_says_w
     assert!(
         stats[1]["skipped"].as_str().unwrap().starts_with("quarantined:"),
         "{stats:?}"
+    );
+    let metrics = server
+        .get("/metrics")
+        .body
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        metrics.contains("history_plugin_errors_total{plugin=\"sleeper\",kind=\"quarantined\"} 1"),
+        "{metrics}"
     );
     let chain = server.get("/v1/chain");
     assert_eq!(chain.body["stages"][1]["quarantined"], true, "{chain:?}");

@@ -18,6 +18,7 @@ mod full_chain;
 mod hardening_load;
 mod hardening_output;
 mod host_services;
+mod metrics;
 mod process_cli;
 mod properties;
 mod retention;
