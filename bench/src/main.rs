@@ -94,7 +94,8 @@ const USAGE: &str = "
 usage: history-bench <command>
   gen-history [--turns N] [--seed S]    print a generated agent history (JSON array)
   run --plugin-dir DIR [--json] [--input FILE] [--max-tokens K] [--runs R] [--seed S]
-                                        measure the chain installed in DIR
+      [--plugin-timeout-ms MS]          measure the chain installed in DIR (MS: the
+                                        per-call deadline, default the host's; 0 = none)
 ";
 
 /// The value after flag `name`, parsed.
@@ -146,7 +147,7 @@ struct Bench {
 
 /// Writes the bench configuration into `plugin_dir` (the full chain where installed, else
 /// the plugins that are) and loads it through the host library.
-fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>) -> Result<Bench> {
+fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>, plugin_timeout_ms: Option<u64>) -> Result<Bench> {
     let catalog = Catalog::discover(plugin_dir).map_err(|e| e.to_string())?;
     if !catalog.has("floor") {
         return Err(format!(
@@ -168,11 +169,15 @@ fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>) -> Result<Bench> {
          agent_max_ctx = {AGENT_MAX_CTX}\n\
          chain = [{chain_list}]\n\
          # A failing plugin must show, not be skipped into a flattering figure.\n\
-         on_plugin_error = \"fail\"\n\n\
+         on_plugin_error = \"fail\"\n\
+         {}\n\
          [models.default]\n\
          max_context = {AGENT_MAX_CTX}\n\
          context_tokens = {CONTEXT_TOKENS}\n\
-         tokenizer = \"o200k_base\"\n"
+         tokenizer = \"o200k_base\"\n",
+        plugin_timeout_ms
+            .map(|ms| format!("plugin_timeout_ms = {ms}"))
+            .unwrap_or_default()
     );
     if let (true, Some(k)) = (max_tokens_applied, max_tokens) {
         text.push_str(&format!("\n[plugin.token_budget]\nmax_tokens = {k}\n"));
@@ -441,7 +446,14 @@ fn round(x: f64, digits: i32) -> f64 {
 fn run(args: &[String]) -> Result<()> {
     check_flags(
         args,
-        &["--plugin-dir", "--input", "--max-tokens", "--runs", "--seed"],
+        &[
+            "--plugin-dir",
+            "--input",
+            "--max-tokens",
+            "--runs",
+            "--seed",
+            "--plugin-timeout-ms",
+        ],
         &["--json"],
     )?;
     let plugin_dir: PathBuf = flag(args, "--plugin-dir")?.ok_or("--plugin-dir is required")?;
@@ -451,7 +463,8 @@ fn run(args: &[String]) -> Result<()> {
     let runs: usize = flag(args, "--runs")?.unwrap_or(5).max(1);
     let seed: u64 = flag(args, "--seed")?.unwrap_or(1);
 
-    let bench = load_bench(&plugin_dir, max_tokens)?;
+    let plugin_timeout_ms: Option<u64> = flag(args, "--plugin-timeout-ms")?;
+    let bench = load_bench(&plugin_dir, max_tokens, plugin_timeout_ms)?;
     // The encoding is built on first use, once per process (a serving host pays it once,
     // each `history-host process` call pays it): measured apart, not charged to turn 1.
     let started = Instant::now();
@@ -544,6 +557,7 @@ fn run(args: &[String]) -> Result<()> {
             "tokenizer": "o200k_base",
             "max_tokens": bench.max_tokens,
             "max_tokens_applied": bench.max_tokens_applied,
+            "plugin_timeout_ms": bench.config.plugin_timeout_ms,
         },
         "runs": runs,
         // Load while measuring (1-minute average, /proc/loadavg): the medians of a run on

@@ -1,5 +1,7 @@
 //! The chain: loading it from the configuration and running it (SPEC §4.3–§4.5).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plugin_api::echo;
@@ -10,6 +12,7 @@ use plugin_api::{
 
 use crate::check::{check_faults, check_output, is_passthrough, is_selection};
 use crate::config::{Config, ConfigError, OnPluginError};
+use crate::deadline::{Pool, Timed};
 use crate::loader::{Catalog, PluginLibrary, Unavailable};
 use crate::{logging, services, tokens, turns};
 
@@ -17,8 +20,31 @@ use crate::{logging, services, tokens, turns};
 pub struct Stage {
     pub name: String,
     pub version: String,
-    instance: PluginBox,
+    /// Shared with a call left running past the deadline, which may outlive the chain.
+    instance: Arc<PluginBox>,
+    /// Set when a call ran past `plugin_timeout_ms`: the stage is skipped from then on,
+    /// until the chain is reloaded (docs/chain.md#deadline).
+    quarantined: AtomicBool,
 }
+
+impl Stage {
+    fn new(name: String, version: String, instance: PluginBox) -> Stage {
+        Stage {
+            name,
+            version,
+            instance: Arc::new(instance),
+            quarantined: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a call of this stage ran past the deadline.
+    pub fn is_quarantined(&self) -> bool {
+        self.quarantined.load(Ordering::Relaxed)
+    }
+}
+
+/// What a plugin call on a helper thread answers.
+type CallResult = Result<plugin_api::Output, String>;
 
 /// The ordered stages of a run: the `chain`, whose output is the working history, then
 /// the `view`, whose output is what is sent this turn and is never kept.
@@ -29,6 +55,9 @@ pub struct Chain {
     pub stages: Vec<Stage>,
     pub view: Vec<Stage>,
     pub on_error: OnPluginError,
+    /// `plugin_timeout_ms`, when not 0: each call runs on a helper thread of `calls`.
+    deadline: Option<Duration>,
+    calls: Pool<CallResult>,
 }
 
 /// Which entry point a run calls.
@@ -53,6 +82,9 @@ pub struct StageReport {
     pub view: bool,
     /// Why the plugin's result was not used (`on_plugin_error = "skip"`).
     pub skipped: Option<String>,
+    /// The plugin is quarantined: this call ran past `plugin_timeout_ms`, or an earlier
+    /// one did and the stage was not called.
+    pub quarantined: bool,
     pub elapsed: Duration,
     /// With a previous output to compare against ([`Chain::run_compared`]): the index of
     /// the first message of this stage's output whose bytes differ from it (§5.2).
@@ -156,11 +188,7 @@ impl Chain {
         for warning in warnings {
             tracing::warn!("{}", echo::line(&warning));
         }
-        Ok(Chain {
-            stages,
-            view,
-            on_error: config.on_plugin_error,
-        })
+        Ok(Chain::assemble(config, stages, view))
     }
 
     /// `copies` instances of plugin `name` in a row. This bypasses the configuration's
@@ -186,17 +214,34 @@ impl Chain {
         })?;
         for _ in 0..copies {
             let instance = instantiate_library(config, library)?;
-            stages.push(Stage {
-                name: name.to_string(),
-                version: library.version.clone(),
-                instance,
-            });
+            stages.push(Stage::new(name.to_string(), library.version.clone(), instance));
         }
-        Ok(Chain {
+        Ok(Chain::assemble(config, stages, Vec::new()))
+    }
+
+    fn assemble(config: &Config, stages: Vec<Stage>, view: Vec<Stage>) -> Chain {
+        Chain {
             stages,
-            view: Vec::new(),
+            view,
             on_error: config.on_plugin_error,
-        })
+            deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
+            calls: Pool::new(),
+        }
+    }
+
+    /// The deadline of one plugin call (`plugin_timeout_ms`), if any.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+
+    /// The quarantined plugins, chain then view (what health reports).
+    pub fn quarantined(&self) -> Vec<&str> {
+        self.stages
+            .iter()
+            .chain(&self.view)
+            .filter(|s| s.is_quarantined())
+            .map(|s| s.name.as_str())
+            .collect()
     }
 
     /// The chain's plugin names, in order.
@@ -249,13 +294,15 @@ impl Chain {
             history,
         };
         let tokens_in = state.tokens;
+        // Under a deadline, calls run on helper threads, which need their own context.
+        let shared_ctx = self.deadline.map(|_| Arc::new(ctx.clone()));
         let mut stages = Vec::with_capacity(self.stages.len() + self.view.len());
         let mut working = None;
         for (index, stage) in self.stages.iter().chain(&self.view).enumerate() {
             if index == self.stages.len() {
                 working = Some(state.history.clone());
             }
-            let mut report = self.run_stage(stage, &mut state, ctx, call)?;
+            let mut report = self.run_stage(stage, &mut state, ctx, shared_ctx.as_ref(), call)?;
             report.view = index >= self.stages.len();
             report.prefix_kept = prefix_kept(&state.history);
             stages.push(report);
@@ -281,11 +328,44 @@ impl Chain {
         stage: &Stage,
         state: &mut RunState,
         ctx: &Context,
+        shared_ctx: Option<&Arc<Context>>,
         call: Call<'_>,
     ) -> Result<StageReport, PluginFailure> {
         let started = Instant::now();
+        let mut report = StageReport {
+            plugin: stage.name.clone(),
+            view: false,
+            messages_in: state.history.len(),
+            messages_out: state.history.len(),
+            tokens_in: state.tokens,
+            tokens_out: state.tokens,
+            events: Vec::new(),
+            skipped: None,
+            quarantined: stage.is_quarantined(),
+            elapsed: Duration::ZERO,
+            prefix_kept: None,
+        };
+        if report.quarantined {
+            // Not called: skipped whatever on_plugin_error says, until a reload.
+            let message = format!(
+                "quarantined: a call ran past plugin_timeout_ms ({} ms); not called until the chain is reloaded",
+                self.deadline.unwrap_or_default().as_millis()
+            );
+            tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
+            report.skipped = Some(message);
+            return Ok(report);
+        }
+        let result = match (self.deadline, shared_ctx) {
+            (Some(limit), Some(shared_ctx)) => {
+                let result = self.call_with_deadline(stage, state, shared_ctx, call, limit);
+                report.quarantined = stage.is_quarantined();
+                result
+            }
+            _ => logging::with_plugin(&stage.name, || {
+                call_instance(&stage.instance, &state.history, ctx, call)
+            }),
+        };
         let history = &state.history;
-        let result = logging::with_plugin(&stage.name, || stage.call(history, ctx, call));
         let checked = result.and_then(|output| {
             if is_passthrough(history, &output.history) {
                 return Ok((output, state.faults));
@@ -300,18 +380,7 @@ impl Chain {
             .map_err(|e| format!("invalid output: {e}"))?;
             Ok((output, output_faults.count()))
         });
-        let mut report = StageReport {
-            plugin: stage.name.clone(),
-            view: false,
-            messages_in: history.len(),
-            messages_out: history.len(),
-            tokens_in: state.tokens,
-            tokens_out: state.tokens,
-            events: Vec::new(),
-            skipped: None,
-            elapsed: started.elapsed(),
-            prefix_kept: None,
-        };
+        report.elapsed = started.elapsed();
         match checked {
             Ok((output, output_faults)) => {
                 state.history = output.history.into_iter().collect();
@@ -337,6 +406,74 @@ impl Chain {
         }
         Ok(report)
     }
+
+    /// Calls `stage` on a helper thread and waits at most `limit`. Past it, the call is
+    /// left on its thread and the stage is quarantined.
+    fn call_with_deadline(
+        &self,
+        stage: &Stage,
+        state: &mut RunState,
+        ctx: &Arc<Context>,
+        call: Call<'_>,
+        limit: Duration,
+    ) -> CallResult {
+        // The history moves to the helper thread and back without copying: the call's
+        // reference is dropped before it answers, so it is ours alone again after.
+        let input = Arc::new(std::mem::take(&mut state.history));
+        let job = {
+            let (input, ctx, instance, name) = (
+                input.clone(),
+                ctx.clone(),
+                stage.instance.clone(),
+                stage.name.clone(),
+            );
+            let call = OwnedCall::of(call);
+            Box::new(move || {
+                logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+            })
+        };
+        let timed = self.calls.call(limit, job);
+        state.history = Arc::try_unwrap(input).unwrap_or_else(|shared| (*shared).clone());
+        match timed {
+            Timed::Done(result) => result,
+            Timed::Lost(reason) => Err(reason),
+            Timed::Late => {
+                stage.quarantined.store(true, Ordering::Relaxed);
+                Err(format!(
+                    "{QUARANTINE_PREFIX} {} ms (plugin_timeout_ms); the call is left running and the plugin quarantined until the chain is reloaded",
+                    limit.as_millis()
+                ))
+            }
+        }
+    }
+}
+
+/// How the message of a call that ran past its deadline starts.
+const QUARANTINE_PREFIX: &str = "did not return within";
+
+/// [`Call`] with its models owned, to move to a helper thread.
+enum OwnedCall {
+    Process,
+    ModelSwitch { old: ModelInfo, new: ModelInfo },
+}
+
+impl OwnedCall {
+    fn of(call: Call<'_>) -> OwnedCall {
+        match call {
+            Call::Process => OwnedCall::Process,
+            Call::ModelSwitch { old, new } => OwnedCall::ModelSwitch {
+                old: old.clone(),
+                new: new.clone(),
+            },
+        }
+    }
+
+    fn as_call(&self) -> Call<'_> {
+        match self {
+            OwnedCall::Process => Call::Process,
+            OwnedCall::ModelSwitch { old, new } => Call::ModelSwitch { old, new },
+        }
+    }
 }
 
 /// What a run carries from stage to stage.
@@ -349,17 +486,18 @@ struct RunState {
     faults: usize,
 }
 
-impl Stage {
-    fn call(
-        &self,
-        history: &[RArc<Message>],
-        ctx: &Context,
-        call: Call<'_>,
-    ) -> Result<plugin_api::Output, String> {
+/// Calls one plugin instance.
+fn call_instance(
+    instance: &PluginBox,
+    history: &[RArc<Message>],
+    ctx: &Context,
+    call: Call<'_>,
+) -> CallResult {
+    {
         let input = RSlice::from_slice(history);
         let result = match call {
-            Call::Process => self.instance.process(input, ctx),
-            Call::ModelSwitch { old, new } => self.instance.on_model_switch(input, ctx, old, new),
+            Call::Process => instance.process(input, ctx),
+            Call::ModelSwitch { old, new } => instance.on_model_switch(input, ctx, old, new),
         };
         match result {
             RResult::ROk(output) => Ok(output),
@@ -392,11 +530,11 @@ fn load_stages(
             };
             config.error(line, message)
         })?;
-        stages.push(Stage {
-            name: name.clone(),
-            version: library.version.clone(),
-            instance: instantiate_library(config, library)?,
-        });
+        stages.push(Stage::new(
+            name.clone(),
+            library.version.clone(),
+            instantiate_library(config, library)?,
+        ));
     }
     Ok(stages)
 }

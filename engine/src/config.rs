@@ -18,6 +18,8 @@ pub(crate) const DEFAULT_TOKENIZER: Tokenizer = Tokenizer::O200kBase;
 /// The session store when the file does not say: beside the configuration.
 pub const DEFAULT_STORE: &str = "sessions.db";
 pub const DEFAULT_MAX_BODY_MB: u64 = 64;
+/// `[history] plugin_timeout_ms` when the file does not say.
+pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 2000;
 
 /// `on_plugin_error` (SPEC §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +97,9 @@ pub struct Config {
     /// `[history] view`: run after the chain on what is sent this turn; never kept.
     pub view: Vec<String>,
     pub on_plugin_error: OnPluginError,
+    /// `[history] plugin_timeout_ms`: how long one plugin call may run before it is that
+    /// plugin's fault and the plugin is quarantined; 0 = no deadline (docs/chain.md#deadline).
+    pub plugin_timeout_ms: u64,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
     /// `[plugin.*]` in file order.
@@ -313,13 +318,23 @@ impl Config {
             Vec::new(),
             OnPluginError::Skip,
         );
+        let mut plugin_timeout_ms = DEFAULT_PLUGIN_TIMEOUT_MS;
         if let Some(history) = reader.table(root, "history", "the top level")? {
             let place = "[history]";
             reader.refuse_unknown(
                 history,
                 place,
-                &["agent_max_ctx", "chain", "view", "on_plugin_error"],
+                &[
+                    "agent_max_ctx",
+                    "chain",
+                    "view",
+                    "on_plugin_error",
+                    "plugin_timeout_ms",
+                ],
             )?;
+            plugin_timeout_ms = reader
+                .integer(history, "plugin_timeout_ms", place, 0)?
+                .unwrap_or(plugin_timeout_ms);
             agent_max_ctx = reader
                 .integer(history, "agent_max_ctx", place, 1)?
                 .unwrap_or(agent_max_ctx);
@@ -424,6 +439,7 @@ impl Config {
             chain,
             view,
             on_plugin_error,
+            plugin_timeout_ms,
             models,
             plugins,
             source,
@@ -658,6 +674,32 @@ mod tests {
         );
         let err = parse("store = \"postgres://h/db\"\n").unwrap_err();
         assert!(err.message.contains("only a file path"), "{err}");
+    }
+
+    #[test]
+    fn plugin_timeout_ms_defaults_to_two_seconds_and_zero_turns_it_off() {
+        assert_eq!(parse("").unwrap().plugin_timeout_ms, 2000);
+        assert_eq!(
+            parse("[history]\nplugin_timeout_ms = 0\n")
+                .unwrap()
+                .plugin_timeout_ms,
+            0
+        );
+        assert_eq!(
+            parse("[history]\nplugin_timeout_ms = 150\n")
+                .unwrap()
+                .plugin_timeout_ms,
+            150
+        );
+        let err = parse("[history]\nchain = [\"default\"]\nplugin_timeout_ms = -1\n").unwrap_err();
+        assert_eq!(err.line, Some(3));
+        assert!(
+            err.message
+                .contains("`plugin_timeout_ms` in [history] must be an integer ≥ 0, found -1"),
+            "{err}"
+        );
+        let err = parse("[history]\nplugin_timeout_ms = \"2s\"\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
     }
 
     #[test]

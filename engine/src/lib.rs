@@ -27,6 +27,7 @@ pub mod chain;
 pub mod check;
 pub mod compat;
 pub mod config;
+mod deadline;
 pub mod document;
 mod elf;
 pub mod expand;

@@ -347,6 +347,7 @@ async fn chain(State(app): State<App>) -> Json<Value> {
             "seconds": totals.seconds,
             "skipped": totals.skipped,
             "failed": totals.failed,
+            "quarantined": s.is_quarantined(),
         })
     };
     let stages: Vec<Value> = chain

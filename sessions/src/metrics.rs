@@ -17,7 +17,8 @@ struct Inner {
     turn_sum: f64,
     /// Per plugin: calls, seconds.
     plugin_time: BTreeMap<String, (u64, f64)>,
-    /// Per (plugin, kind): errors (`skipped` or `failed`).
+    /// Per (plugin, kind): errors (`skipped`, `failed`; `quarantined`: a run in which the
+    /// plugin was quarantined, by a late call or an earlier one).
     plugin_errors: BTreeMap<(String, &'static str), u64>,
     tokens_in: u64,
     tokens_out: u64,
@@ -69,6 +70,11 @@ impl Metrics {
             if stage.skipped.is_some() {
                 *m.plugin_errors
                     .entry((stage.plugin.clone(), "skipped"))
+                    .or_default() += 1;
+            }
+            if stage.quarantined {
+                *m.plugin_errors
+                    .entry((stage.plugin.clone(), "quarantined"))
                     .or_default() += 1;
             }
         }

@@ -718,13 +718,30 @@ impl Service {
         .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
     }
 
-    /// `Ok` when the store takes writes.
+    /// `Ok` when the store takes writes and no plugin of the chain is quarantined; else
+    /// every reason, one per line.
     pub async fn health(self: &Arc<Self>) -> Result<(), String> {
         let service = self.clone();
-        tokio::task::spawn_blocking(move || service.store.check_writable())
+        let mut reasons = Vec::new();
+        let store = tokio::task::spawn_blocking(move || service.store.check_writable())
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("store unwritable: {e}"))
+            .map_err(|e| e.to_string())
+            .and_then(|checked| checked.map_err(|e| e.to_string()));
+        if let Err(e) = store {
+            reasons.push(format!("store unwritable: {e}"));
+        }
+        let chain = self.chain.current();
+        for plugin in chain.quarantined() {
+            reasons.push(format!(
+                "plugin \"{plugin}\" quarantined: a call ran past plugin_timeout_ms ({} ms); reload the chain to call it again",
+                chain.deadline().unwrap_or_default().as_millis()
+            ));
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(reasons.join("\n"))
+        }
     }
 }
 
@@ -806,6 +823,7 @@ pub fn turn_json(outcome: &TurnOutcome) -> Value {
             "ms": stage.elapsed.as_secs_f64() * 1000.0,
             "prefix_kept": stage.prefix_kept,
             "skipped": stage.skipped,
+            "quarantined": stage.quarantined,
         }));
     }
     json!({

@@ -314,3 +314,57 @@ fn turns_of_one_session_run_one_at_a_time_and_a_turn_waiting_too_long_is_a_409()
         (1..=acked.len() as u64).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn sigterm_under_load_keeps_every_acknowledged_turn_and_exits_0() {
+    const SESSIONS: usize = 6;
+    let config = config();
+    let store = config.dir.path().join("sessions.db");
+    let server = Server::start(&config.path, &store, &[]);
+    let ids: Vec<String> = (0..SESSIONS).map(|_| server.create("local-8k")).collect();
+    let clients: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(s, id)| {
+            let url = format!("{}/v1/sessions/{id}/turns", server.url(""));
+            std::thread::spawn(move || {
+                let agent = agent();
+                let mut acked = 0;
+                // Bounded: at most 500 turns, or until the host stops answering.
+                for k in 1..=500u64 {
+                    let answer = request(
+                        &agent,
+                        "POST",
+                        &url,
+                        Some(&j!({ "messages": turn_messages(s, k) })),
+                        None,
+                    );
+                    if answer.status != 200 {
+                        break;
+                    }
+                    assert_eq!(answer.body["turn"], k, "session {s}");
+                    acked = k;
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let status = server.stop();
+    assert_eq!(status.code(), Some(0), "SIGTERM under load exits 0");
+    let acknowledged: Vec<u64> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert!(acknowledged.iter().sum::<u64>() > 0, "no turn was acknowledged");
+
+    let server = Server::start(&config.path, &store, &[]);
+    for (s, id) in ids.iter().enumerate() {
+        let transcript = server.transcript(id);
+        let turns = transcript.len() as u64 / 2;
+        assert!(
+            turns == acknowledged[s] || turns == acknowledged[s] + 1,
+            "session {s}: {turns} turns stored, {} acknowledged",
+            acknowledged[s]
+        );
+        check_transcript(s, &transcript, turns);
+    }
+    assert_eq!(server.stop().code(), Some(0));
+}

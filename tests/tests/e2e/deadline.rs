@@ -1,0 +1,169 @@
+//! The plugin deadline (docs/chain.md#deadline): a call past `plugin_timeout_ms` is that
+//! plugin's fault, the runaway call is left on its thread, and the plugin is quarantined
+//! until the chain is reloaded. The fixture `sleeper` never returns (or sleeps `ms`).
+
+use std::time::{Duration, Instant};
+
+use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
+use e2e_tests::server::Server;
+use e2e_tests::{describe, json, TestConfig};
+use history_engine::{load_chain, stateless_context, Call};
+use serde_json::json as j;
+
+const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
+    {"role":"assistant","content":"done"}]"#;
+
+/// Generous: the deadline is 300 ms, the machine may be loaded. The model counts with
+/// `chars4`, so no tokenizer is loaded during a timed turn.
+const BOUND: Duration = Duration::from_secs(15);
+
+fn config(on_error: &str, extra: &str, dir: &std::path::Path) -> TestConfig {
+    TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"sleeper\"]\non_plugin_error = \"{on_error}\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n{extra}",
+        dir.display().to_string()
+    ))
+}
+
+#[test]
+fn a_call_past_the_deadline_is_skipped_and_the_plugin_quarantined() {
+    let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
+    let config = config("skip", "", dir.path());
+    let started = Instant::now();
+    let output = config.process(&["--explain"], HISTORY);
+    assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(HISTORY));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("plugin \"sleeper\" skipped: did not return within 300 ms"),
+        "{stderr}"
+    );
+
+    // In one process: the first run times out, later runs do not call the plugin.
+    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
+    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    let history = || plugin_api::wire::history_from_str(HISTORY).unwrap();
+    let started = Instant::now();
+    let run = chain.run(history(), &ctx, Call::Process).unwrap();
+    assert!(started.elapsed() < BOUND);
+    let report = &run.stages[1];
+    assert!(report.quarantined, "{report:?}");
+    assert!(report
+        .skipped
+        .as_deref()
+        .unwrap()
+        .contains("did not return within 300 ms"));
+    assert_eq!(chain.quarantined(), ["sleeper"]);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let run = chain.run(history(), &ctx, Call::Process).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "a quarantined plugin is not called: {:?}",
+            started.elapsed()
+        );
+        let report = &run.stages[1];
+        assert!(report.quarantined);
+        assert!(
+            report.skipped.as_deref().unwrap().starts_with("quarantined:"),
+            "{report:?}"
+        );
+    }
+    // A reload (a new chain) calls it again.
+    let (_, _, reloaded) = load_chain(&config.path).unwrap();
+    assert!(reloaded.quarantined().is_empty());
+}
+
+#[test]
+fn under_fail_the_turn_fails_naming_the_plugin_with_status_4() {
+    let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
+    let config = config("fail", "", dir.path());
+    let started = Instant::now();
+    let output = config.process(&[], HISTORY);
+    assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("history-host: plugin \"sleeper\" failed: did not return within 300 ms"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_call_within_the_deadline_is_not_a_fault() {
+    let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
+    let config = config("fail", "[plugin.sleeper]\nms = 20\n", dir.path());
+    for _ in 0..3 {
+        let run = config.run("default", HISTORY, None).unwrap();
+        assert!(run.stages.iter().all(|s| s.skipped.is_none() && !s.quarantined));
+    }
+    let none = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"sleeper\"]\non_plugin_error = \"fail\"\nplugin_timeout_ms = 0\n[plugin.sleeper]\nms = 400\n",
+        dir.path().display().to_string()
+    ));
+    assert!(none.run("default", HISTORY, None).is_ok(), "0 is no deadline");
+}
+
+#[test]
+fn serve_answers_422_in_time_then_skips_the_quarantined_plugin_and_health_says_why() {
+    let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
+    let config = config("fail", "", dir.path());
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    assert_eq!(server.get("/healthz").status, 200);
+    let id = server.create("default");
+    let turn = |text: &str| {
+        server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &j!({"messages": [{"role": "user", "content": text}]}),
+        )
+    };
+    let started = Instant::now();
+    let answer = turn("first");
+    assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
+    assert_eq!(answer.status, 422, "{answer:?}");
+    let (code, message) = answer.error();
+    assert_eq!(code, "plugin_failed");
+    assert!(
+        message.starts_with("plugin \"sleeper\" failed: did not return within 300 ms"),
+        "{message}"
+    );
+
+    let health = server.get("/healthz");
+    assert_eq!(health.status, 503, "{health:?}");
+    let reason = health.body.as_str().unwrap_or_default().to_string();
+    assert!(reason.contains("plugin \"sleeper\" quarantined"), "{reason}");
+
+    let started = Instant::now();
+    let answer = turn("second");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let stats = answer.body["stats"].as_array().unwrap();
+    assert!(
+        stats[1]["skipped"].as_str().unwrap().starts_with("quarantined:"),
+        "{stats:?}"
+    );
+    let metrics = server
+        .get("/metrics")
+        .body
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        metrics.contains("history_plugin_errors_total{plugin=\"sleeper\",kind=\"quarantined\"} 1"),
+        "{metrics}"
+    );
+    let chain = server.get("/v1/chain");
+    assert_eq!(chain.body["stages"][1]["quarantined"], true, "{chain:?}");
+    assert!(
+        server
+            .stderr()
+            .contains("plugin \"sleeper\" skipped: quarantined"),
+        "a warning on every later turn: {}",
+        server.stderr()
+    );
+}
