@@ -287,11 +287,15 @@ impl Config {
             .unwrap_or(DEFAULT_IDLE_TIMEOUT_MINUTES);
         let store = match reader.string(root, "store", "the top level")? {
             Some("") => return Err(reader.key_error(root, "store", "`store` must not be empty".to_string())),
+            // PostgreSQL, for several hosts on one store (docs/scaling-out.md).
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => PathBuf::from(url),
             Some(url) if url.contains("://") => {
                 return Err(reader.key_error(
                     root,
                     "store",
-                    format!("`store` = \"{url}\": only a file path (the embedded SQLite store) is supported"),
+                    format!(
+                        "`store` = \"{url}\": expected a file path (the embedded SQLite store) or a postgres:// URL"
+                    ),
                 ))
             }
             Some(path) => base.join(path),
@@ -672,8 +676,14 @@ mod tests {
             err.message.contains("`store` in the top level must be a string"),
             "{err}"
         );
-        let err = parse("store = \"postgres://h/db\"\n").unwrap_err();
-        assert!(err.message.contains("only a file path"), "{err}");
+        let config = parse("store = \"postgres://h/db\"\n").unwrap();
+        assert_eq!(
+            config.store,
+            Path::new("postgres://h/db"),
+            "a URL is kept as it is"
+        );
+        let err = parse("store = \"mysql://h/db\"\n").unwrap_err();
+        assert!(err.message.contains("or a postgres:// URL"), "{err}");
     }
 
     #[test]

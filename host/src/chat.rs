@@ -42,14 +42,16 @@ struct Chat {
 }
 
 async fn run(args: ChatArgs) -> Result<(), Failure> {
-    let service = Service::open(&Options {
+    // On a blocking thread: a store's client may block (PostgreSQL's does).
+    let options = Options {
         config_file: args.config.clone(),
         store: args.store.clone(),
-    })
-    .map_err(|e| Failure {
-        status: 3,
-        message: e.to_string(),
-    })?;
+    };
+    let service = tokio::task::spawn_blocking(move || Service::open(&options))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|opened| opened.map_err(|e| e.to_string()))
+        .map_err(|message| Failure { status: 3, message })?;
     let id = match &args.session {
         Some(id) => {
             service.info(id).map_err(|e| Failure {

@@ -42,11 +42,17 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
 }
 
 async fn run(options: ServeOptions) -> Result<(), String> {
-    let service = Service::open(&Options {
-        config_file: options.config_file.clone(),
-        store: options.store.clone(),
-    })
-    .map_err(|e| e.to_string())?;
+    // On a blocking thread: a store's client may block (PostgreSQL's does).
+    let service = {
+        let options = Options {
+            config_file: options.config_file.clone(),
+            store: options.store.clone(),
+        };
+        tokio::task::spawn_blocking(move || Service::open(&options))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?
+    };
     let config = service.config();
     let token = operator_token(&config)?;
     let listen = match options.listen {

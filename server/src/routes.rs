@@ -110,6 +110,7 @@ impl From<SessionError> for ApiError {
             ErrorKind::TooManySessions => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Store => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError::new(status, e.kind.code(), e.message)
     }
@@ -195,7 +196,7 @@ async fn create(
 
 async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>> {
     operator(&app, &headers)?;
-    let sessions: Vec<Value> = app.service.list().iter().map(|s| s.to_json()).collect();
+    let sessions: Vec<Value> = app.service.list().await?.iter().map(|s| s.to_json()).collect();
     Ok(Json(json!({"sessions": sessions})))
 }
 

@@ -17,6 +17,9 @@ pub enum ErrorKind {
     ShuttingDown,
     /// The store failed; nothing was stored.
     Store,
+    /// The store cannot be reached now (a database server down); nothing was stored, and
+    /// the same request may succeed later.
+    StoreUnavailable,
 }
 
 impl ErrorKind {
@@ -30,6 +33,7 @@ impl ErrorKind {
             ErrorKind::TooManySessions => "too_many_sessions",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Store => "store_failed",
+            ErrorKind::StoreUnavailable => "store_unavailable",
         }
     }
 }
@@ -71,6 +75,11 @@ impl std::error::Error for SessionError {}
 
 impl From<crate::store::StoreError> for SessionError {
     fn from(e: crate::store::StoreError) -> SessionError {
-        SessionError::new(ErrorKind::Store, e.to_string())
+        let kind = if e.unavailable {
+            ErrorKind::StoreUnavailable
+        } else {
+            ErrorKind::Store
+        };
+        SessionError::new(kind, e.to_string())
     }
 }

@@ -22,7 +22,9 @@ use crate::commands::Command;
 use crate::error::{ErrorKind, SessionError};
 use crate::metrics::Metrics;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
-use crate::store::{SessionRow, SessionWrite, SqliteStore, Store, StoreError, StoredSession, TranscriptRow};
+use crate::store::{
+    self, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError, StoredSession, TranscriptRow,
+};
 
 /// How long a turn waits for the session's previous turn by default.
 const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(30);
@@ -93,16 +95,54 @@ pub struct Options {
 
 /// A store that times its transactions.
 struct TimedStore {
-    inner: SqliteStore,
+    inner: Box<dyn Store>,
     metrics: Arc<Metrics>,
 }
 
 impl TimedStore {
-    fn timed<T>(&self, f: impl FnOnce(&SqliteStore) -> T) -> T {
+    fn timed<T>(&self, f: impl FnOnce(&dyn Store) -> T) -> T {
         let started = Instant::now();
-        let result = f(&self.inner);
+        let result = f(&*self.inner);
         self.metrics.store(started.elapsed().as_secs_f64());
         result
+    }
+}
+
+/// The store as an operation on a session of a shared store sees it: its writes go
+/// through the session's lock (its connection), everything else to the store.
+struct LockedStore<'a> {
+    store: &'a dyn Store,
+    lock: Mutex<Box<dyn SessionLock>>,
+    metrics: &'a Metrics,
+}
+
+impl Store for LockedStore<'_> {
+    fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
+        self.store.create(row)
+    }
+    fn commit(&self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.lock.lock().unwrap_or_else(|e| e.into_inner()).commit(write);
+        self.metrics.store(started.elapsed().as_secs_f64());
+        result
+    }
+    fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {
+        self.store.set_effective_ctx(sessions)
+    }
+    fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.store.delete(id)
+    }
+    fn sessions(&self) -> Result<Vec<(SessionRow, usize)>, StoreError> {
+        self.store.sessions()
+    }
+    fn load(&self, id: &str) -> Result<Option<StoredSession>, StoreError> {
+        self.store.load(id)
+    }
+    fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError> {
+        self.store.transcript(id, from, limit)
+    }
+    fn check_writable(&self) -> Result<(), StoreError> {
+        self.store.check_writable()
     }
 }
 
@@ -131,6 +171,21 @@ impl Store for TimedStore {
     fn check_writable(&self) -> Result<(), StoreError> {
         self.inner.check_writable()
     }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+    fn lock(&self, id: &str) -> Result<Locked, StoreError> {
+        self.inner.lock(id)
+    }
+    fn create_limited(&self, row: &SessionRow, max_users: u64) -> Result<Result<(), u64>, StoreError> {
+        self.timed(|s| s.create_limited(row, max_users))
+    }
+    fn reap(&self, cutoff_ms: u64) -> Result<Vec<String>, StoreError> {
+        self.timed(|s| s.reap(cutoff_ms))
+    }
+    fn row(&self, id: &str) -> Result<Option<(SessionRow, usize)>, StoreError> {
+        self.inner.row(id)
+    }
 }
 
 /// The session service.
@@ -147,6 +202,9 @@ pub struct Service {
     settings: RwLock<()>,
     idle_timeout_ms: AtomicU64,
     turn_wait: Duration,
+    /// On a shared store: the session operations this host runs at once (each holds a
+    /// connection of the store's pool for its whole length).
+    operations: Option<Arc<tokio::sync::Semaphore>>,
     shutting_down: AtomicBool,
     pub metrics: Arc<Metrics>,
 }
@@ -175,10 +233,16 @@ impl Service {
             load_chain(&options.config_file).map_err(|e| StartError(e.to_string()))?;
         let store_path = options.store.clone().unwrap_or_else(|| config.store.clone());
         let metrics = Arc::new(Metrics::default());
+        let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_TURN_WAIT);
         let store = TimedStore {
-            inner: SqliteStore::open(&store_path).map_err(|e| StartError(e.to_string()))?,
+            inner: store::open(&store_path, turn_wait).map_err(|e| StartError(e.to_string()))?,
             metrics: metrics.clone(),
         };
+        let operations = store
+            .shared()
+            .then(|| Arc::new(tokio::sync::Semaphore::new(store::PgStore::MAX_OPERATIONS)));
         let mut rows = store.sessions().map_err(|e| StartError(e.to_string()))?;
         // agent_max_ctx may differ from the last run's (an edit, or a `!maxctx N temp`
         // that ended with it): every session's window follows the configuration.
@@ -206,12 +270,9 @@ impl Service {
         let idle_timeout_ms = env_u64("HISTORY_SESSION_TIMEOUT_SECONDS")
             .map(|s| s * 1000)
             .unwrap_or(config.session_idle_timeout_minutes * 60_000);
-        let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_TURN_WAIT);
         tracing::info!(
             "store {}: {} sessions; chain {:?}, view {:?}",
-            store_path.display(),
+            store::shown(&store_path),
             rows.len(),
             chain.names(),
             chain.view_names()
@@ -226,6 +287,7 @@ impl Service {
             settings: RwLock::new(()),
             idle_timeout_ms: AtomicU64::new(idle_timeout_ms),
             turn_wait,
+            operations,
             shutting_down: AtomicBool::new(false),
             metrics,
         }))
@@ -284,11 +346,44 @@ impl Service {
             .ok_or_else(|| SessionError::not_found(id))
     }
 
-    /// Every live session, oldest first.
-    pub fn list(&self) -> Vec<SessionInfo> {
+    /// Session `id`: the one this host knows, or on a shared store one another host
+    /// created (its messages load on first use).
+    async fn find(self: &Arc<Self>, id: &str) -> Result<Arc<Slot>, SessionError> {
+        if let Ok(slot) = self.slot(id) {
+            return Ok(slot);
+        }
+        if !self.store.shared() {
+            return Err(SessionError::not_found(id));
+        }
+        let service = self.clone();
+        let owned = id.to_string();
+        let row = tokio::task::spawn_blocking(move || service.store.row(&owned))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::new(e.to_string())))?;
+        let (row, working_size) = row.ok_or_else(|| SessionError::not_found(id))?;
+        let slot = self
+            .slots()
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(new_slot(SessionInfo::of(&row, working_size), None)))
+            .clone();
+        Ok(slot)
+    }
+
+    /// Every live session, oldest first: on a shared store, every host's.
+    pub async fn list(self: &Arc<Self>) -> Result<Vec<SessionInfo>, SessionError> {
+        if self.store.shared() {
+            let service = self.clone();
+            let rows = tokio::task::spawn_blocking(move || service.store.sessions())
+                .await
+                .unwrap_or_else(|e| Err(StoreError::new(e.to_string())))?;
+            return Ok(rows
+                .iter()
+                .map(|(row, working_size)| SessionInfo::of(row, *working_size))
+                .collect());
+        }
         let mut infos: Vec<SessionInfo> = self.slots().values().map(|s| s.info()).collect();
         infos.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        infos
+        Ok(infos)
     }
 
     pub fn live_sessions(&self) -> usize {
@@ -331,11 +426,35 @@ impl Service {
             created_at: now,
             last_active: now,
             next_copy: 1,
+            version: 0,
         };
         let slot = Arc::new(new_slot(
             SessionInfo::of(&row, 0),
             Some(Session::new(row.clone())),
         ));
+        if self.store.shared() {
+            // max_users counts the sessions of every host: counted in the store.
+            let service = self.clone();
+            let stored = {
+                let row = row.clone();
+                let max_users = config.max_users;
+                tokio::task::spawn_blocking(move || service.store.create_limited(&row, max_users))
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError::new(format!("the store task failed: {e}"))))?
+            };
+            if let Err(live) = stored {
+                return Err(SessionError::new(
+                    ErrorKind::TooManySessions,
+                    format!(
+                        "max_users reached: {live} live sessions (the limit is max_users = {})",
+                        config.max_users
+                    ),
+                ));
+            }
+            self.slots().insert(row.id.clone(), slot.clone());
+            tracing::info!(session = %row.id, "session created on model {}", row.model);
+            return Ok(slot.info());
+        }
         {
             let mut slots = self.slots();
             if slots.len() as u64 >= config.max_users {
@@ -355,7 +474,7 @@ impl Service {
             let row = row.clone();
             tokio::task::spawn_blocking(move || service.store.create(&row))
                 .await
-                .unwrap_or_else(|e| Err(StoreError(format!("the store task failed: {e}"))))
+                .unwrap_or_else(|e| Err(StoreError::new(format!("the store task failed: {e}"))))
         };
         if let Err(e) = stored {
             self.slots().remove(&row.id);
@@ -372,7 +491,7 @@ impl Service {
         R: Send + 'static,
         F: FnOnce(&mut Session, &Env<'_>) -> Result<R, SessionError> + Send + 'static,
     {
-        let slot = self.slot(id)?;
+        let slot = self.find(id).await?;
         let guard = tokio::time::timeout(self.turn_wait, slot.state.clone().lock_owned())
             .await
             .map_err(|_| {
@@ -384,14 +503,59 @@ impl Service {
                     ),
                 )
             })?;
+        let permit = match &self.operations {
+            Some(operations) => Some(
+                operations
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?,
+            ),
+            None => None,
+        };
         let service = self.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let mut guard = guard;
             if slot.closed.load(Ordering::SeqCst) {
                 return Err(SessionError::not_found(&id));
             }
             let _settings = service.settings.read().unwrap_or_else(|e| e.into_inner());
+            // On a shared store: the session's lock across hosts, and the session as
+            // stored if another host changed it since this one last did.
+            let mut locked = None;
+            match service.store.lock(&id)? {
+                Locked::NotShared => {}
+                Locked::Busy => {
+                    return Err(SessionError::new(
+                        ErrorKind::Busy,
+                        format!(
+                        "session \"{id}\" is busy: an operation on it still runs on another host after {} ms",
+                        service.turn_wait.as_millis()
+                    ),
+                    ))
+                }
+                Locked::Held(mut lock) => {
+                    let Some(version) = lock.version() else {
+                        // Deleted or reaped by another host.
+                        slot.closed.store(true, Ordering::SeqCst);
+                        service.slots().remove(&id);
+                        return Err(SessionError::not_found(&id));
+                    };
+                    if guard.as_ref().is_none_or(|s| s.row.version != version) {
+                        let stored = lock.load()?.ok_or_else(|| SessionError::not_found(&id))?;
+                        let mut session = Session::from_stored(stored)?;
+                        // The sent history is this host's: kept only while the session
+                        // is unchanged elsewhere.
+                        if let Some(old) = guard.as_ref().filter(|s| s.row.turn == session.row.turn) {
+                            session.keep_last_sent(old);
+                        }
+                        *guard = Some(session);
+                    }
+                    locked = Some(lock);
+                }
+            }
             if guard.is_none() {
                 let stored = service
                     .store
@@ -404,10 +568,18 @@ impl Service {
             session.row.effective_ctx = slot.info().effective_ctx;
             let config = service.config();
             let chain = service.chain.current();
+            let locked_store = locked.map(|lock| LockedStore {
+                store: &*service.store,
+                lock: Mutex::new(lock),
+                metrics: &service.metrics,
+            });
             let env = Env {
                 chain: &chain,
                 config: &config,
-                store: &*service.store,
+                store: match &locked_store {
+                    Some(locked) => locked,
+                    None => &*service.store,
+                },
                 now: now_ms(),
             };
             let result = f(session, &env);
@@ -510,7 +682,7 @@ impl Service {
         from: u64,
         limit: u64,
     ) -> Result<(Vec<TranscriptRow>, Option<u64>), SessionError> {
-        self.slot(id)?;
+        self.find(id).await?;
         let service = self.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || {
@@ -526,7 +698,7 @@ impl Service {
 
     /// Ends a session and deletes what is stored of it.
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), SessionError> {
-        let slot = self.slot(id)?;
+        let slot = self.find(id).await?;
         let _guard = tokio::time::timeout(self.turn_wait, slot.state.clone().lock_owned())
             .await
             .map_err(|_| SessionError::new(ErrorKind::Busy, format!("session \"{id}\" is busy")))?;
@@ -544,7 +716,7 @@ impl Service {
         let owned = id.to_string();
         let deleted = tokio::task::spawn_blocking(move || service.store.delete(&owned))
             .await
-            .unwrap_or_else(|e| Err(StoreError(e.to_string())));
+            .unwrap_or_else(|e| Err(StoreError::new(e.to_string())));
         if let Err(e) = deleted {
             slot.closed.store(false, Ordering::SeqCst);
             return Err(e.into());
@@ -566,6 +738,9 @@ impl Service {
             return 0;
         }
         let now = now_ms();
+        if self.store.shared() {
+            return self.reap_shared(now.saturating_sub(timeout), timeout).await;
+        }
         let idle: Vec<(String, Arc<Slot>)> = self
             .slots()
             .iter()
@@ -597,6 +772,33 @@ impl Service {
         reaped
     }
 
+    /// The reaper on a shared store: the store deletes what is idle and not in use on
+    /// any host; every host runs it, and no two reap the same session.
+    async fn reap_shared(self: &Arc<Self>, cutoff: u64, timeout: u64) -> usize {
+        let service = self.clone();
+        let reaped = tokio::task::spawn_blocking(move || service.store.reap(cutoff))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::new(e.to_string())));
+        let reaped = match reaped {
+            Ok(reaped) => reaped,
+            Err(e) => {
+                tracing::warn!("cannot reap idle sessions: {e}");
+                return 0;
+            }
+        };
+        for id in &reaped {
+            if let Some(slot) = self.slots().remove(id) {
+                slot.closed.store(true, Ordering::SeqCst);
+            }
+            tracing::info!(
+                session = %id,
+                "session reaped: idle past the idle timeout of {:.1} s",
+                timeout as f64 / 1000.0
+            );
+        }
+        reaped.len()
+    }
+
     /// Runs the reaper until the service shuts down: it looks every quarter of the idle
     /// timeout (between 50 ms and 30 s).
     pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -618,7 +820,7 @@ impl Service {
     /// Runs a runtime command on session `id` (docs/sessions.md#runtime-commands).
     pub async fn command(self: &Arc<Self>, id: &str, command: Command) -> Result<Value, SessionError> {
         self.refuse_if_shutting_down()?;
-        self.slot(id)?;
+        self.find(id).await?;
         match command {
             Command::Model(model) => {
                 let outcome = self.switch_model(id, model).await?;

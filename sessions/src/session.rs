@@ -157,6 +157,11 @@ impl Session {
         &self.working
     }
 
+    /// Keeps `old`'s last sent history (the same session before a reload).
+    pub fn keep_last_sent(&mut self, old: &Session) {
+        self.last_sent = old.last_sent.clone();
+    }
+
     /// The last sent history, if a turn ran since the session was loaded.
     pub fn last_sent(&self) -> Option<&[RArc<Message>]> {
         self.last_sent.as_deref()
@@ -267,6 +272,7 @@ impl Session {
         row.turn = turn;
         row.transcript_len += entering.len() as u64;
         row.last_active = env.now;
+        row.version += 1;
         let update = self.working_update(&mut row, &run.working, &known);
         env.store.commit(&SessionWrite {
             row: Some(&row),
@@ -380,6 +386,7 @@ impl Session {
         working: Vec<RArc<Message>>,
         known: &Known,
     ) -> Result<(), SessionError> {
+        row.version += 1;
         let update = self.working_update(&mut row, &working, known);
         env.store.commit(&SessionWrite {
             row: Some(&row),

@@ -6,17 +6,66 @@
 //! transcript rows, or copies for the messages whose bytes differ from their transcript
 //! original — so a turn writes its new messages and changed copies, not the whole history.
 
+mod pg;
 mod sqlite;
 
+use std::path::Path;
+use std::time::Duration;
+
+pub use pg::{shown, PgStore};
 pub use sqlite::SqliteStore;
 
 /// A store failure: the operation did not happen (a transaction is rolled back whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreError(pub String);
+pub struct StoreError {
+    pub message: String,
+    /// The store cannot be reached now (a database server down or unreachable): the
+    /// operation may succeed later.
+    pub unavailable: bool,
+}
+
+impl StoreError {
+    pub fn new(message: impl Into<String>) -> StoreError {
+        StoreError {
+            message: message.into(),
+            unavailable: false,
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> StoreError {
+        StoreError {
+            message: message.into(),
+            unavailable: true,
+        }
+    }
+}
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "store: {}", self.0)
+        if self.unavailable {
+            write!(f, "store unavailable: {}", self.message)
+        } else {
+            write!(f, "store: {}", self.message)
+        }
+    }
+}
+
+/// Whether `location` (the configuration's `store`, or `--store`) names a PostgreSQL
+/// database rather than a SQLite file.
+pub fn is_postgres(location: &Path) -> bool {
+    location
+        .to_str()
+        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+}
+
+/// Opens the store `location` names: a `postgres://` URL, or a SQLite file. `lock_wait`
+/// is how long a session's lock is waited for on a shared store.
+pub fn open(location: &Path, lock_wait: Duration) -> Result<Box<dyn Store>, StoreError> {
+    if is_postgres(location) {
+        let url = location.to_str().unwrap_or_default();
+        Ok(Box::new(PgStore::open(url, lock_wait)?))
+    } else {
+        Ok(Box::new(SqliteStore::open(location)?))
     }
 }
 
@@ -41,6 +90,10 @@ pub struct SessionRow {
     pub last_active: u64,
     /// The next free key for a working copy.
     pub next_copy: u64,
+    /// Counts the session's changes: a write carries its row with the version it makes,
+    /// one more than the stored one. A shared store refuses a write whose version does
+    /// not follow the stored one; the embedded store keeps none (always 0 when read).
+    pub version: u64,
 }
 
 /// One entry of a stored working history.
@@ -91,6 +144,27 @@ pub struct StoredSession {
     pub working: Vec<(WorkingRef, Option<u64>, String)>,
 }
 
+/// One session's lock on a shared store, held for one operation on it: no other host
+/// runs an operation on that session meanwhile. Loads and commits go through the lock
+/// (one connection, the lock's). Dropping it releases the lock.
+pub trait SessionLock: Send {
+    /// The session's version as stored when the lock was taken; `None`: no such session.
+    fn version(&self) -> Option<u64>;
+    /// The session as stored now.
+    fn load(&mut self) -> Result<Option<StoredSession>, StoreError>;
+    /// Writes one change of the locked session, in one transaction.
+    fn commit(&mut self, write: &SessionWrite<'_>) -> Result<(), StoreError>;
+}
+
+/// What taking a session's lock gave.
+pub enum Locked {
+    /// Not a shared store: the host's own per-session lock is enough.
+    NotShared,
+    /// Another host held the lock longer than the wait.
+    Busy,
+    Held(Box<dyn SessionLock>),
+}
+
 /// What the session service needs from a store. Every method is one transaction: it
 /// happens whole or not at all, and a method that returned `Ok` is durable.
 pub trait Store: Send + Sync {
@@ -110,6 +184,31 @@ pub trait Store: Send + Sync {
     fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError>;
     /// Whether the store can take a write now (for health).
     fn check_writable(&self) -> Result<(), StoreError>;
+
+    /// Whether several hosts may share the store: then what a host keeps in memory may
+    /// be stale, and each operation takes the session's lock ([`Store::lock`]).
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Takes session `id`'s lock across hosts, waiting at most the store's lock wait.
+    fn lock(&self, _id: &str) -> Result<Locked, StoreError> {
+        Ok(Locked::NotShared)
+    }
+    /// Adds a new session unless `max_users` sessions are stored already (then
+    /// `Ok(Err(count))`), counting and adding in one transaction. Only a shared store
+    /// needs this: a host with the embedded store counts its sessions in memory.
+    fn create_limited(&self, row: &SessionRow, _max_users: u64) -> Result<Result<(), u64>, StoreError> {
+        self.create(row).map(Ok)
+    }
+    /// Deletes the sessions idle since before `cutoff_ms` (Unix ms) whose lock no host
+    /// holds, and returns their ids: on a shared store every host reaps, none twice.
+    fn reap(&self, _cutoff_ms: u64) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// The session's row and working history size, if stored.
+    fn row(&self, id: &str) -> Result<Option<(SessionRow, usize)>, StoreError> {
+        Ok(self.load(id)?.map(|s| (s.row, s.working.len())))
+    }
 }
 
 /// A working history's references as text: runs of consecutive transcript rows as
@@ -149,7 +248,7 @@ pub fn encode_working(refs: &[WorkingRef]) -> String {
 
 /// The inverse of [`encode_working`].
 pub fn decode_working(text: &str) -> Result<Vec<WorkingRef>, StoreError> {
-    let bad = || StoreError(format!("bad working history references {text:?}"));
+    let bad = || StoreError::new(format!("bad working history references {text:?}"));
     let mut refs = Vec::new();
     for item in text.split(',').filter(|s| !s.is_empty()) {
         if let Some(key) = item.strip_prefix('c') {

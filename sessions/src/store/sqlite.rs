@@ -51,12 +51,12 @@ pub struct SqliteStore {
 }
 
 fn err(e: rusqlite::Error) -> StoreError {
-    StoreError(e.to_string())
+    StoreError::new(e.to_string())
 }
 
 fn open(path: &Path) -> Result<Connection, StoreError> {
-    let connection =
-        Connection::open(path).map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+    let connection = Connection::open(path)
+        .map_err(|e| StoreError::new(format!("cannot open {}: {e}", path.display())))?;
     connection
         .busy_timeout(std::time::Duration::from_secs(10))
         .map_err(err)?;
@@ -67,7 +67,7 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
         .map_err(err)?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError(format!(
+        return Err(StoreError::new(format!(
             "{}: cannot use WAL mode (got {mode})",
             path.display()
         )));
@@ -83,14 +83,14 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
-                .map_err(|e| StoreError(format!("cannot create {}: {e}", parent.display())))?;
+                .map_err(|e| StoreError::new(format!("cannot create {}: {e}", parent.display())))?;
         }
         let writer = open(path)?;
         let version: i64 = writer
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(err)?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError(format!(
+            return Err(StoreError::new(format!(
                 "{} was written by a newer history-host (schema {version}, this one knows {SCHEMA_VERSION})",
                 path.display()
             )));
@@ -128,6 +128,7 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SessionRow, String)> {
             created_at: r.get::<_, i64>(7)? as u64,
             last_active: r.get::<_, i64>(8)? as u64,
             next_copy: r.get::<_, i64>(9)? as u64,
+            version: 0,
         },
         r.get(10)?,
     ))
@@ -160,7 +161,7 @@ impl Store for SqliteStore {
 
     fn commit(&self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
         let Some(row) = write.row else {
-            return Err(StoreError("a session write needs its row".into()));
+            return Err(StoreError::new("a session write needs its row"));
         };
         let mut connection = self.writer();
         let tx = connection.transaction().map_err(err)?;
@@ -185,7 +186,7 @@ impl Store for SqliteStore {
                 )
                 .map_err(err)?;
             if updated != 1 {
-                return Err(StoreError(format!("no session {}", row.id)));
+                return Err(StoreError::new(format!("no session {}", row.id)));
             }
             let mut insert = tx
                 .prepare_cached(
@@ -304,7 +305,7 @@ impl Store for SqliteStore {
                         .map_err(err)?,
                 };
                 let Some((seq, message)) = found else {
-                    return Err(StoreError(format!(
+                    return Err(StoreError::new(format!(
                         "session {id}: working history entry {r:?} is missing"
                     )));
                 };
@@ -364,6 +365,7 @@ mod tests {
             created_at: 1,
             last_active: 1,
             next_copy: 1,
+            version: 0,
         }
     }
 

@@ -26,6 +26,7 @@ mod role_pair;
 mod scaffold;
 mod sessions_chat;
 mod sessions_commands;
+mod sessions_hosts;
 mod sessions_http;
 mod sessions_load;
 mod sessions_store;

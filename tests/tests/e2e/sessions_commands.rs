@@ -1,16 +1,13 @@
 //! Runtime commands over `POST /v1/sessions/{id}/commands` (docs/sessions.md#runtime-commands).
 
 use e2e_tests::server::{shipped_config, Server};
+use e2e_tests::store::{Kind, TestStore};
 use serde_json::{json as j, Value};
 
 const TOKEN: &str = "operator-token-for-tests";
 
-fn start(config: &e2e_tests::TestConfig) -> Server {
-    Server::start(
-        &config.path,
-        &config.dir.path().join("sessions.db"),
-        &[("HISTORY_OPERATOR_TOKEN", TOKEN)],
-    )
+fn start(config: &e2e_tests::TestConfig, store: &TestStore) -> Server {
+    Server::start(&config.path, store.path(), &[("HISTORY_OPERATOR_TOKEN", TOKEN)])
 }
 
 fn command(server: &Server, id: &str, line: &str, operator: bool) -> e2e_tests::server::Answer {
@@ -47,10 +44,10 @@ fn effective_ctx_of(server: &Server, id: &str) -> u64 {
         .unwrap()
 }
 
-#[test]
-fn maxctx_is_written_keeping_the_file_and_temp_is_not_and_both_apply_to_live_sessions() {
+fn maxctx_is_written_keeping_the_file_and_temp_is_not_and_both_apply_to_live_sessions(kind: Kind) {
     let config = shipped_config("", &[]);
-    let server = start(&config);
+    let store = TestStore::new(kind, &config);
+    let server = start(&config, &store);
     let a = server.create("default");
     let b = server.create("gpt-4o");
     let before = std::fs::read_to_string(&config.path).unwrap();
@@ -102,7 +99,7 @@ fn maxctx_is_written_keeping_the_file_and_temp_is_not_and_both_apply_to_live_ses
 
     // After a restart the written value holds, the temporary one is gone.
     assert_eq!(server.stop().code(), Some(0));
-    let server = start(&config);
+    let server = start(&config, &store);
     assert_eq!(server.get("/v1/chain").body["agent_max_ctx"], 50);
     assert_eq!(
         effective_ctx_of(&server, &a),
@@ -112,10 +109,10 @@ fn maxctx_is_written_keeping_the_file_and_temp_is_not_and_both_apply_to_live_ses
     assert_eq!(turn(&server, &a, 1)["effective_ctx"], 50);
 }
 
-#[test]
-fn maxusers_and_sessiontimeout_are_written_and_applied() {
+fn maxusers_and_sessiontimeout_are_written_and_applied(kind: Kind) {
     let config = shipped_config("", &[]);
-    let server = start(&config);
+    let store = TestStore::new(kind, &config);
+    let server = start(&config, &store);
     let a = server.create("default");
     let answer = command(&server, &a, "!maxusers 2", true);
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -138,10 +135,10 @@ fn maxusers_and_sessiontimeout_are_written_and_applied() {
     assert_eq!(std::fs::read_to_string(&config.path).unwrap(), before);
 }
 
-#[test]
-fn expand_history_and_clear_work_on_the_working_history() {
+fn expand_history_and_clear_work_on_the_working_history(kind: Kind) {
     let config = shipped_config("", &[]);
-    let server = start(&config);
+    let store = TestStore::new(kind, &config);
+    let server = start(&config, &store);
     let id = server.create("gpt-4o");
     for n in 1..=7 {
         turn(&server, &id, n);
@@ -209,10 +206,10 @@ fn expand_history_and_clear_work_on_the_working_history() {
     assert_eq!(answer["working_size"], 4, "the working history starts again");
 }
 
-#[test]
-fn unknown_and_malformed_commands_are_400s_naming_them() {
+fn unknown_and_malformed_commands_are_400s_naming_them(kind: Kind) {
     let config = shipped_config("", &[]);
-    let server = start(&config);
+    let store = TestStore::new(kind, &config);
+    let server = start(&config, &store);
     let id = server.create("default");
     for (line, expected) in [
         ("!frobnicate", "unknown command \"!frobnicate\""),
@@ -229,3 +226,10 @@ fn unknown_and_malformed_commands_are_400s_naming_them() {
     assert_eq!(answer.status, 400);
     assert_eq!(command(&server, "nope", "/history", false).status, 404);
 }
+
+e2e_tests::store_tests!(
+    maxctx_is_written_keeping_the_file_and_temp_is_not_and_both_apply_to_live_sessions,
+    maxusers_and_sessiontimeout_are_written_and_applied,
+    expand_history_and_clear_work_on_the_working_history,
+    unknown_and_malformed_commands_are_400s_naming_them,
+);

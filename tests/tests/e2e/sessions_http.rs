@@ -4,6 +4,7 @@
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
 use e2e_tests::server::{shipped_config, split_turns, with_stamps, Server};
+use e2e_tests::store::{Kind, TestStore};
 use e2e_tests::{json, real_conversations, TestConfig};
 use history_engine::{load_chain, stateless_context, Call};
 use plugin_api::structure::Faults;
@@ -19,19 +20,15 @@ fn unpinned(working: &Value) -> usize {
     messages.len() - system - task
 }
 
-fn store(config: &TestConfig) -> std::path::PathBuf {
-    config.dir.path().join("sessions.db")
-}
-
 /// The shipped chain on a small window, so the real conversations get trimmed.
 fn small_window_config() -> TestConfig {
     shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")])
 }
 
-#[test]
-fn real_conversations_turn_by_turn_give_what_the_chain_gives_and_the_transcript_keeps_them() {
+fn real_conversations_turn_by_turn_give_what_the_chain_gives_and_the_transcript_keeps_them(kind: Kind) {
     let config = small_window_config();
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let (engine_config, _, chain) = load_chain(&config.path).unwrap();
     for (name, text) in real_conversations() {
         let conversation = json(&text);
@@ -95,10 +92,10 @@ fn real_conversations_turn_by_turn_give_what_the_chain_gives_and_the_transcript_
     assert_eq!(server.stop().code(), Some(0));
 }
 
-#[test]
-fn bad_input_is_a_400_naming_the_message_and_field_and_changes_nothing() {
+fn bad_input_is_a_400_naming_the_message_and_field_and_changes_nothing(kind: Kind) {
     let config = small_window_config();
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let id = server.create("default");
     let good = j!({"messages": [{"role": "user", "content": "hello"}]});
     assert_eq!(
@@ -145,14 +142,14 @@ fn bad_input_is_a_400_naming_the_message_and_field_and_changes_nothing() {
     assert_eq!(server.get("/v2/what").status, 404);
 }
 
-#[test]
-fn a_plugin_failing_under_fail_is_a_422_naming_it_and_nothing_is_stored() {
+fn a_plugin_failing_under_fail_is_a_422_naming_it_and_nothing_is_stored(kind: Kind) {
     let dir = plugin_dir_with(&[&fixture_library("panicker")]);
     let config = TestConfig::new(&format!(
         "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"panicker\"]\non_plugin_error = \"fail\"\n",
         dir.path().display().to_string()
     ));
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let id = server.create("default");
     let answer = server.post(
         &format!("/v1/sessions/{id}/turns"),
@@ -193,10 +190,10 @@ fn agent_turns(server: &Server, id: &str, turns: std::ops::Range<u64>) {
     }
 }
 
-#[test]
-fn a_model_switch_runs_on_model_switch_and_applies_the_new_window_at_once() {
+fn a_model_switch_runs_on_model_switch_and_applies_the_new_window_at_once(kind: Kind) {
     let config = shipped_config("", &[]);
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     for via_command in [false, true] {
         let id = server.create("gpt-4o");
         agent_turns(&server, &id, 1..11);
@@ -241,10 +238,10 @@ fn a_model_switch_runs_on_model_switch_and_applies_the_new_window_at_once() {
     }
 }
 
-#[test]
-fn max_users_refuses_the_next_session_with_429() {
+fn max_users_refuses_the_next_session_with_429(kind: Kind) {
     let config = shipped_config("", &[("max_users", "max_users = 3")]);
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let ids: Vec<String> = (0..3).map(|_| server.create("default")).collect();
     let answer = server.post("/v1/sessions", &j!({}));
     assert_eq!(answer.status, 429, "{answer:?}");
@@ -258,12 +255,12 @@ fn max_users_refuses_the_next_session_with_429() {
     server.create("default");
 }
 
-#[test]
-fn the_reaper_closes_an_idle_session_and_logs_it() {
+fn the_reaper_closes_an_idle_session_and_logs_it(kind: Kind) {
     let config = shipped_config("", &[]);
+    let store = TestStore::new(kind, &config);
     let server = Server::start(
         &config.path,
-        &store(&config),
+        store.path(),
         &[("HISTORY_SESSION_TIMEOUT_SECONDS", "1")],
     );
     let idle = server.create("default");
@@ -289,12 +286,12 @@ fn the_reaper_closes_an_idle_session_and_logs_it() {
     assert!(server.stderr().contains(&idle));
 }
 
-#[test]
-fn operator_endpoints_need_the_token() {
+fn operator_endpoints_need_the_token(kind: Kind) {
     let config = shipped_config("", &[]);
+    let store = TestStore::new(kind, &config);
     let server = Server::start(
         &config.path,
-        &store(&config),
+        store.path(),
         &[("HISTORY_OPERATOR_TOKEN", "s3cret-token")],
     );
     let id = server.create("default");
@@ -332,20 +329,20 @@ fn operator_endpoints_need_the_token() {
     assert_eq!(answer.status, 200, "{answer:?}");
 }
 
-#[test]
-fn a_non_loopback_listen_without_a_token_refuses_to_start() {
+fn a_non_loopback_listen_without_a_token_refuses_to_start(kind: Kind) {
     let config = shipped_config("", &[]);
-    let refused = Server::try_start(&config.path, &store(&config), &[], &["--listen", "0.0.0.0:0"])
+    let store = TestStore::new(kind, &config);
+    let refused = Server::try_start(&config.path, store.path(), &[], &["--listen", "0.0.0.0:0"])
         .err()
         .expect("serve refused to start");
     assert!(refused.contains("without an operator token"), "{refused}");
     assert!(refused.starts_with("status Some(3)"), "{refused}");
 }
 
-#[test]
-fn a_body_over_max_body_mb_is_a_413() {
+fn a_body_over_max_body_mb_is_a_413(kind: Kind) {
     let config = shipped_config("max_body_mb = 1", &[]);
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let id = server.create("default");
     // Only the head is sent: the 413 comes before the body is read.
     use std::io::{Read, Write};
@@ -377,10 +374,10 @@ fn a_body_over_max_body_mb_is_a_413() {
     assert_eq!(answer.status, 200);
 }
 
-#[test]
-fn a_restart_restores_every_session_and_sigterm_exits_0() {
+fn a_restart_restores_every_session_and_sigterm_exits_0(kind: Kind) {
     let config = small_window_config();
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let a = server.create("local-8k");
     let b = server.create("default");
     agent_turns(&server, &a, 1..8);
@@ -389,7 +386,7 @@ fn a_restart_restores_every_session_and_sigterm_exits_0() {
     let (working_b, transcript_b) = (server.history(&b, false), server.transcript(&b));
     assert_eq!(server.stop().code(), Some(0));
 
-    let server = Server::start(&config.path, &store(&config), &[]);
+    let server = Server::start(&config.path, store.path(), &[]);
     assert_eq!(server.history(&a, false), working_a);
     assert_eq!(server.transcript(&a), transcript_a);
     assert_eq!(server.history(&b, false), working_b);
@@ -403,3 +400,16 @@ fn a_restart_restores_every_session_and_sigterm_exits_0() {
     assert_eq!(server.transcript(&a).len(), transcript_a.len() + 5);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+e2e_tests::store_tests!(
+    real_conversations_turn_by_turn_give_what_the_chain_gives_and_the_transcript_keeps_them,
+    bad_input_is_a_400_naming_the_message_and_field_and_changes_nothing,
+    a_plugin_failing_under_fail_is_a_422_naming_it_and_nothing_is_stored,
+    a_model_switch_runs_on_model_switch_and_applies_the_new_window_at_once,
+    max_users_refuses_the_next_session_with_429,
+    the_reaper_closes_an_idle_session_and_logs_it,
+    operator_endpoints_need_the_token,
+    a_non_loopback_listen_without_a_token_refuses_to_start,
+    a_body_over_max_body_mb_is_a_413,
+    a_restart_restores_every_session_and_sigterm_exits_0,
+);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e_tests::server::{agent, request, shipped_config, Server};
+use e2e_tests::store::{Kind, TestStore};
 use serde_json::{json as j, Value};
 
 /// The shipped chain, room for the sessions, a chars4 model (quick to count).
@@ -41,13 +42,13 @@ fn check_transcript(s: usize, transcript: &[Value], turns: u64) {
     }
 }
 
-#[test]
-fn sixty_four_concurrent_sessions_of_fifty_turns_lose_and_mix_up_nothing() {
+fn sixty_four_concurrent_sessions_of_fifty_turns_lose_and_mix_up_nothing(kind: Kind) {
     const SESSIONS: usize = 64;
     const TURNS: u64 = 50;
     const THREADS: usize = 8;
     let config = config();
-    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let ids: Vec<String> = (0..SESSIONS).map(|_| server.create("local-8k")).collect();
     let started = Instant::now();
     let deadline = Duration::from_secs(600);
@@ -118,12 +119,11 @@ impl Rng {
     }
 }
 
-#[test]
-fn kill_9_at_random_moments_loses_no_acknowledged_turn_and_leaves_no_partial_one() {
+fn kill_9_at_random_moments_loses_no_acknowledged_turn_and_leaves_no_partial_one(kind: Kind) {
     const SESSIONS: usize = 6;
     const ROUNDS: usize = 12;
     let config = config();
-    let store = config.dir.path().join("sessions.db");
+    let store = TestStore::new(kind, &config);
     let seed = std::env::var("KILL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -147,7 +147,7 @@ fn kill_9_at_random_moments_loses_no_acknowledged_turn_and_leaves_no_partial_one
             started.elapsed() < Duration::from_secs(300),
             "the kill loop ran out of time"
         );
-        let server = Server::start(&config.path, &store, &[]);
+        let server = Server::start(&config.path, store.path(), &[]);
         if ids.is_empty() {
             ids = (0..SESSIONS).map(|_| server.create("local-8k")).collect();
         }
@@ -212,7 +212,7 @@ fn kill_9_at_random_moments_loses_no_acknowledged_turn_and_leaves_no_partial_one
             acknowledged[s] = client.join().unwrap();
         }
     }
-    let server = Server::start(&config.path, &store, &[]);
+    let server = Server::start(&config.path, store.path(), &[]);
     for (s, id) in ids.iter().enumerate() {
         let turns = server.transcript(id).len() as u64 / 2;
         assert!(turns == acknowledged[s] || turns == acknowledged[s] + 1);
@@ -276,11 +276,11 @@ fn one_session_race(
     (acked, results.into_iter().flat_map(|(_, r)| r).collect())
 }
 
-#[test]
-fn turns_of_one_session_run_one_at_a_time_and_a_turn_waiting_too_long_is_a_409() {
+fn turns_of_one_session_run_one_at_a_time_and_a_turn_waiting_too_long_is_a_409(kind: Kind) {
     let config = config();
+    let store = TestStore::new(kind, &config);
     // The default wait: every concurrent turn gets its turn, one at a time.
-    let server = Server::start(&config.path, &config.dir.path().join("a.db"), &[]);
+    let server = Server::start(&config.path, store.path(), &[]);
     let id = server.create("local-8k");
     let (acked, refused) = one_session_race(&server, &id, 8, 5);
     assert!(refused.is_empty(), "{refused:?}");
@@ -298,11 +298,8 @@ fn turns_of_one_session_run_one_at_a_time_and_a_turn_waiting_too_long_is_a_409()
     }
 
     // A wait of 1 ms: some turns give up with 409, and nothing of them is stored.
-    let server = Server::start(
-        &config.path,
-        &config.dir.path().join("b.db"),
-        &[("HISTORY_TURN_WAIT_MS", "1")],
-    );
+    let store_b = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store_b.path(), &[("HISTORY_TURN_WAIT_MS", "1")]);
     let id = server.create("local-8k");
     let (acked, refused) = one_session_race(&server, &id, 8, 10);
     assert!(!refused.is_empty(), "no turn had to wait");
@@ -368,3 +365,9 @@ fn sigterm_under_load_keeps_every_acknowledged_turn_and_exits_0() {
     }
     assert_eq!(server.stop().code(), Some(0));
 }
+
+e2e_tests::store_tests!(
+    sixty_four_concurrent_sessions_of_fifty_turns_lose_and_mix_up_nothing,
+    kill_9_at_random_moments_loses_no_acknowledged_turn_and_leaves_no_partial_one,
+    turns_of_one_session_run_one_at_a_time_and_a_turn_waiting_too_long_is_a_409,
+);

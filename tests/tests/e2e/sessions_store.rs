@@ -2,14 +2,14 @@
 //! history as references to it plus copies of exactly the messages whose bytes differ.
 
 use e2e_tests::server::{shipped_config, Server};
-use history_sessions::store::{SqliteStore, Store, WorkingRef};
+use e2e_tests::store::{Kind, TestStore};
+use history_sessions::store::WorkingRef;
 use serde_json::{json as j, Value};
 
-#[test]
-fn the_working_history_is_stored_as_references_plus_changed_copies() {
+fn the_working_history_is_stored_as_references_plus_changed_copies(kind: Kind) {
     let config = shipped_config("", &[]);
-    let store_path = config.dir.path().join("sessions.db");
-    let server = Server::start(&config.path, &store_path, &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
     let id = server.create("gpt-4o");
     for n in 1..=30u64 {
         let messages = j!([
@@ -26,7 +26,7 @@ fn the_working_history_is_stored_as_references_plus_changed_copies() {
     let transcript = server.transcript(&id);
     assert_eq!(server.stop().code(), Some(0));
 
-    let store = SqliteStore::open(&store_path).unwrap();
+    let store = store.open();
     assert_eq!(
         store.transcript(&id, 1, 10_000).unwrap().len(),
         120,
@@ -56,3 +56,5 @@ fn the_working_history_is_stored_as_references_plus_changed_copies() {
     assert_eq!(copies, 26);
     assert_eq!(stored.row.turn, 30);
 }
+
+e2e_tests::store_tests!(the_working_history_is_stored_as_references_plus_changed_copies,);

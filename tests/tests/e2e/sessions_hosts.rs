@@ -1,0 +1,194 @@
+//! Several hosts, one store (docs/scaling-out.md): two `history-host serve` processes on
+//! one PostgreSQL database serve the same sessions, a session's turns one at a time
+//! across both, and one host killed with `kill -9` leaves the other serving every
+//! acknowledged turn. PostgreSQL only (`HISTORY_TEST_POSTGRES_URL`): a SQLite file is one
+//! host's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use e2e_tests::server::{agent, request, shipped_config, Server};
+use e2e_tests::store::{postgres_url, Kind, TestStore};
+use serde_json::{json as j, Value};
+
+const SESSIONS: usize = 3;
+const CLIENTS: usize = 2;
+const TURNS: usize = 8;
+
+/// Per session, its acknowledged `(turn, content)` pairs.
+type Acked = Vec<Vec<(u64, String)>>;
+
+/// What the client `c` of session `s` sends as its turn `k`.
+fn content(s: usize, c: usize, k: usize) -> String {
+    format!("s{s} client {c} turn {k}")
+}
+
+/// Every session's clients, `CLIENTS` each, send `TURNS` turns, alternating between the
+/// hosts (a transport error, i.e. a dead host, sends the turn to the other one). Returns
+/// per session the acknowledged `(turn, content)` pairs, and every other answer.
+fn clients(hosts: &[&Server], ids: &[String], between: impl Fn(usize) + Sync) -> (Acked, Vec<Value>) {
+    let urls: Vec<Vec<String>> = ids
+        .iter()
+        .map(|id| {
+            hosts
+                .iter()
+                .map(|h| h.url(&format!("/v1/sessions/{id}/turns")))
+                .collect()
+        })
+        .collect();
+    let dead: Vec<AtomicBool> = hosts.iter().map(|_| AtomicBool::new(false)).collect();
+    type Client = (usize, Vec<(u64, String)>, Vec<Value>);
+    let results: Vec<Client> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for s in 0..ids.len() {
+            for c in 0..CLIENTS {
+                let (urls, dead, between) = (&urls, &dead, &between);
+                handles.push(scope.spawn(move || {
+                    let agent = agent();
+                    let mut acked = Vec::new();
+                    let mut other = Vec::new();
+                    for k in 0..TURNS {
+                        let text = content(s, c, k);
+                        let body = j!({"messages": [{"role": "user", "content": text}]});
+                        let mut host = (c + k) % urls[s].len();
+                        let answer = loop {
+                            if dead[host].load(Ordering::SeqCst) {
+                                host = (host + 1) % urls[s].len();
+                            }
+                            let answer = request(&agent, "POST", &urls[s][host], Some(&body), None);
+                            if answer.status == 0 {
+                                // The host is gone: its turn may or may not have committed,
+                                // and it was not acknowledged; the client sends a new turn.
+                                dead[host].store(true, Ordering::SeqCst);
+                                host = (host + 1) % urls[s].len();
+                                continue;
+                            }
+                            break answer;
+                        };
+                        match answer.status {
+                            200 => acked.push((answer.body["turn"].as_u64().unwrap(), text)),
+                            _ => other.push(j!({"status": answer.status, "body": answer.body})),
+                        }
+                        between(k);
+                    }
+                    (s, acked, other)
+                }));
+            }
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut acked: Acked = vec![Vec::new(); ids.len()];
+    let mut other = Vec::new();
+    for (s, a, o) in results {
+        acked[s].extend(a);
+        other.extend(o);
+    }
+    for a in &mut acked {
+        a.sort();
+    }
+    (acked, other)
+}
+
+/// Every acknowledged turn is in the transcript at its place, once, with what its client
+/// sent; turn numbers are consecutive from 1.
+fn check(server: &Server, id: &str, acked: &[(u64, String)], all_acknowledged: bool) {
+    let transcript = server.transcript(id);
+    let turns: Vec<u64> = transcript
+        .iter()
+        .map(|m| m["metadata"]["turn_added"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        turns,
+        (1..=transcript.len() as u64).collect::<Vec<_>>(),
+        "session {id}: one message per turn, turns consecutive"
+    );
+    let numbers: Vec<u64> = acked.iter().map(|(turn, _)| *turn).collect();
+    let mut unique = numbers.clone();
+    unique.dedup();
+    assert_eq!(numbers, unique, "session {id}: a turn number acknowledged twice");
+    for (turn, text) in acked {
+        assert_eq!(
+            transcript[*turn as usize - 1]["content"],
+            j!(text),
+            "session {id} turn {turn}"
+        );
+    }
+    if all_acknowledged {
+        assert_eq!(transcript.len(), acked.len(), "session {id}");
+    }
+}
+
+#[test]
+fn two_hosts_serve_the_same_sessions_turn_by_turn() {
+    if postgres_url("sessions_hosts::two_hosts_serve_the_same_sessions_turn_by_turn").is_none() {
+        return;
+    }
+    let config = shipped_config("", &[("max_users", "max_users = 100")]);
+    let store = TestStore::new(Kind::Postgres, &config);
+    let a = Server::start(&config.path, store.path(), &[]);
+    let b = Server::start(&config.path, store.path(), &[]);
+    let ids: Vec<String> = (0..SESSIONS)
+        .map(|s| {
+            if s % 2 == 0 {
+                a.create("local-8k")
+            } else {
+                b.create("local-8k")
+            }
+        })
+        .collect();
+    let (acked, other) = clients(&[&a, &b], &ids, |_| {});
+    assert!(other.is_empty(), "{other:?}");
+    for (id, acked) in ids.iter().zip(&acked) {
+        assert_eq!(acked.len(), CLIENTS * TURNS);
+        check(&a, id, acked, true);
+        // Both hosts show the same session.
+        assert_eq!(a.transcript(id), b.transcript(id));
+        assert_eq!(a.history(id, false), b.history(id, false));
+    }
+    // A session deleted on one host is gone on the other.
+    assert_eq!(
+        a.request("DELETE", &format!("/v1/sessions/{}", ids[0]), None, false)
+            .status,
+        204
+    );
+    assert_eq!(b.get(&format!("/v1/sessions/{}/history", ids[0])).status, 404);
+    assert_eq!(a.stop().code(), Some(0));
+    assert_eq!(b.stop().code(), Some(0));
+}
+
+#[test]
+fn kill_9_of_one_host_leaves_the_other_serving_every_acknowledged_turn() {
+    if postgres_url("sessions_hosts::kill_9_of_one_host_leaves_the_other_serving_every_acknowledged_turn")
+        .is_none()
+    {
+        return;
+    }
+    let config = shipped_config("", &[("max_users", "max_users = 100")]);
+    let store = TestStore::new(Kind::Postgres, &config);
+    let a = Server::start(&config.path, store.path(), &[]);
+    let b = Server::start(&config.path, store.path(), &[]);
+    let ids: Vec<String> = (0..SESSIONS).map(|_| a.create("local-8k")).collect();
+    let pid = a.pid();
+    let killed = AtomicBool::new(false);
+    let (acked, other) = clients(&[&a, &b], &ids, |k| {
+        // Mid-loop, while the other clients' turns run on both hosts.
+        if k == TURNS / 2 && !killed.swap(true, Ordering::SeqCst) {
+            e2e_tests::server::signal(pid, "KILL");
+        }
+    });
+    assert!(killed.load(Ordering::SeqCst));
+    assert!(other.is_empty(), "{other:?}");
+    for (id, acked) in ids.iter().zip(&acked) {
+        check(&b, id, acked, false);
+    }
+    // The survivor goes on with every session.
+    for id in &ids {
+        let answer = b.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &j!({"messages": [{"role": "user", "content": "after the kill"}]}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.body["turn"], b.transcript(id).len() as u64);
+    }
+    drop(a);
+    assert_eq!(b.stop().code(), Some(0));
+}
