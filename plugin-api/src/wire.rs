@@ -160,13 +160,12 @@ fn parse_tool_call(value: &Value) -> Result<ToolCall, ShapeError> {
     for (key, value) in object {
         match (key.as_str(), value) {
             ("id", _) => {}
-            ("function", Value::Object(function)) => {
+            ("function", Value::Object(function)) if is_usual_function(function) => {
                 call.has_function = true;
                 for (key, value) in function {
                     match (key.as_str(), value) {
                         ("name", Value::String(name)) => call.name = name.as_str().into(),
                         ("arguments", Value::String(arguments)) => call.arguments = arguments.as_str().into(),
-                        ("arguments", Value::Null) => call.function_extra.push(member(key, value)),
                         ("arguments", other) => {
                             call.arguments = other.to_string().into();
                             call.arguments_is_json = true;
@@ -175,10 +174,41 @@ fn parse_tool_call(value: &Value) -> Result<ToolCall, ShapeError> {
                     }
                 }
             }
+            ("function", other) => {
+                // Kept as it came; the typed fields say only what it is measured as.
+                call.extra.push(member(key, value));
+                (call.name, call.arguments, call.arguments_is_json) = measured_function(other);
+            }
             _ => call.extra.push(member(key, value)),
         }
     }
     Ok(call)
+}
+
+/// The usual shape of a tool call's `function`, the one [`ToolCall`] models: a string
+/// `name`, and `arguments` that are present and not null.
+fn is_usual_function(function: &Map<String, Value>) -> bool {
+    matches!(function.get("name"), Some(Value::String(_)))
+        && !matches!(function.get("arguments"), None | Some(Value::Null))
+}
+
+/// What a `function` value that is not the usual shape is measured as: its name and its
+/// arguments, each a string as it is and any other value as its JSON text (a non-string
+/// name is counted like non-string arguments, so nothing a call carries escapes the
+/// token count), a missing or null one as nothing; and whether the arguments are JSON
+/// text. A `function` that is not an object has neither.
+fn measured_function(function: &Value) -> (RString, RString, bool) {
+    let Value::Object(function) = function else {
+        return (RString::new(), RString::new(), false);
+    };
+    let text = |value: Option<&Value>| match value {
+        None | Some(Value::Null) => (RString::new(), false),
+        Some(Value::String(text)) => (text.as_str().into(), false),
+        Some(other) => (other.to_string().into(), true),
+    };
+    let (name, _) = text(function.get("name"));
+    let (arguments, arguments_is_json) = text(function.get("arguments"));
+    (name, arguments, arguments_is_json)
 }
 
 fn parse_u64(value: &Value) -> Option<u64> {
@@ -615,6 +645,16 @@ mod tests {
         assert_eq!(value, back, "{json}");
     }
 
+    fn call_with(function: &str) -> String {
+        format!(
+            r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{function}}}]}}"#
+        )
+    }
+
+    fn parsed(json: &str) -> Message {
+        parse_message(&serde_json::from_str(json).unwrap()).unwrap()
+    }
+
     #[test]
     fn messages_round_trip_as_the_same_json_value() {
         round_trip(r#"{"role":"user","content":"hi"}"#);
@@ -637,6 +677,51 @@ mod tests {
         round_trip(
             r#"{"role":"user","content":"x","metadata":{"id":5,"original_content":7,"turn_added":null}}"#,
         );
+    }
+
+    #[test]
+    fn tool_calls_of_any_function_shape_round_trip() {
+        for function in [
+            r#"{}"#,
+            r#"{"name":null,"arguments":null}"#,
+            r#"{"name":5,"arguments":"{\"q\":1}"}"#,
+            r#"{"name":"f"}"#,
+            r#"{"arguments":"{}","strict":true}"#,
+            r#"{"name":"f","arguments":null}"#,
+            r#"{"name":{"x":[1]},"arguments":{"q":2}}"#,
+            r#""search""#,
+            r#"null"#,
+            r#"{"name":"f","arguments":{"q":3},"x":1}"#,
+            r#"{"name":"","arguments":""}"#,
+        ] {
+            round_trip(&call_with(function));
+        }
+    }
+
+    #[test]
+    fn a_function_of_another_shape_is_measured_name_and_arguments_each_as_json_text() {
+        let items = |function: &str| -> Vec<String> {
+            let message = parsed(&call_with(function));
+            message.token_items().map(str::to_string).collect()
+        };
+        // A string as it is; any other value as its JSON text, a non-string name too;
+        // a missing or null one as nothing.
+        assert_eq!(items(r#"{"name":"f","arguments":"{}"}"#), ["f", "{}"]);
+        assert_eq!(items(r#"{"name":"f","arguments":{"q":1}}"#), ["f", r#"{"q":1}"#]);
+        assert_eq!(
+            items(r#"{"name":5,"arguments":"{\"q\":1}"}"#),
+            ["5", r#"{"q":1}"#]
+        );
+        assert_eq!(
+            items(r#"{"name":{"x":[1]},"arguments":{"q":2}}"#),
+            [r#"{"x":[1]}"#, r#"{"q":2}"#]
+        );
+        assert_eq!(items(r#"{"name":null,"arguments":null}"#), ["", ""]);
+        assert_eq!(items(r#"{}"#), ["", ""]);
+        assert_eq!(items(r#"{"name":"g","arguments":null}"#), ["g", ""]);
+        assert_eq!(items(r#""search""#), ["", ""]);
+        let odd = parsed(&call_with(r#"{"name":null,"arguments":null}"#));
+        assert!(!odd.tool_calls[0].has_function, "kept verbatim, not modelled");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! format and agentctl's writes:
 //!
 //! - a plugin returning an empty history for a non-empty one (fixture `emptier`);
+//! - tool calls whose `function` is not the usual shape, changed by a chain that changes
+//!   nothing;
 //! - agentctl changing the owner of the configuration it edits.
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
@@ -73,6 +75,61 @@ fn agentctl_check_reports_an_empty_result_as_a_fault() {
         "{stdout}"
     );
     assert!(!stdout.trim_end().ends_with("check: ok"), "{stdout}");
+}
+
+/// Tool calls whose `function` is not the usual `{"name": STRING, "arguments": …}`.
+const ODD_CALLS: &str = r#"[{"role":"user","content":"task"},
+    {"role":"assistant","content":null,"tool_calls":[
+        {"id":"a","type":"function","function":{}},
+        {"id":"b","type":"function","function":{"name":null,"arguments":null}},
+        {"id":"c","type":"function","function":{"name":5,"arguments":"{\"q\":1}"}},
+        {"id":"d","type":"function","function":{"name":"f"}},
+        {"id":"e","type":"function","function":{"arguments":"{}","strict":true}},
+        {"id":"f","type":"function","function":{"name":"g","arguments":null}},
+        {"id":"g","type":"function","function":{"name":{"x":[1]},"arguments":{"q":2}}},
+        {"id":"h","type":"function","function":"search"},
+        {"id":"i","type":"function","function":{"name":"h","arguments":{"q":3},"x":1}}]},
+    {"role":"tool","tool_call_id":"a","content":"ra"},{"role":"tool","tool_call_id":"b","content":"rb"},
+    {"role":"tool","tool_call_id":"c","content":"rc"},{"role":"tool","tool_call_id":"d","content":"rd"},
+    {"role":"tool","tool_call_id":"e","content":"re"},{"role":"tool","tool_call_id":"f","content":"rf"},
+    {"role":"tool","tool_call_id":"g","content":"rg"},{"role":"tool","tool_call_id":"h","content":"rh"},
+    {"role":"tool","tool_call_id":"i","content":"ri"},
+    {"role":"assistant","content":"done"}]"#;
+
+#[test]
+fn tool_calls_of_any_shape_come_out_of_default_as_they_went_in() {
+    let config = TestConfig::new("[history]\nchain = [\"default\"]\non_plugin_error = \"fail\"\n");
+    let output = config.process(&[], ODD_CALLS);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(ODD_CALLS));
+}
+
+#[test]
+fn clearing_tool_inputs_leaves_an_odd_function_as_it_came() {
+    let config = TestConfig::new(
+        "[history]\nchain = [\"default\", \"tool_result_filter\"]\non_plugin_error = \"fail\"\n\
+         [plugin.tool_result_filter]\nstrategy = \"drop_all\"\nclear_tool_inputs = true\n",
+    );
+    // Results long enough for their placeholders to save tokens.
+    let input = ODD_CALLS.replace(
+        "\"content\":\"r",
+        &format!("\"content\":\"{}r", "a long result ".repeat(20)),
+    );
+    let output = config.process(&[], &input);
+    assert!(output.status.success(), "{}", describe(&output));
+    let out = json(&String::from_utf8_lossy(&output.stdout));
+    let input = json(&input);
+    let calls = out[1]["tool_calls"].as_array().unwrap();
+    for (call, original) in calls.iter().zip(input[1]["tool_calls"].as_array().unwrap()) {
+        if call["id"] == "i" {
+            // The usual shape: its arguments are cleared.
+            assert_eq!(call["function"]["arguments"], "{}", "{call}");
+            assert_eq!(call["function"]["x"], 1, "{call}");
+        } else {
+            assert_eq!(call, original);
+        }
+    }
+    assert!(out[2]["metadata"]["omitted"] == true, "{out}");
 }
 
 #[cfg(unix)]
