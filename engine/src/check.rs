@@ -159,7 +159,8 @@ pub(crate) fn check_shape(message: &Message) -> Result<(), String> {
             check_content(original)?;
         }
     }
-    Ok(())
+    // Every kept member is JSON: now none may shadow a modelled field or be given twice.
+    plugin_api::wire::check_faithful(message)
 }
 
 fn check_content(content: &Content) -> Result<(), String> {

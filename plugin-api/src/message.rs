@@ -56,6 +56,12 @@ impl Role {
 }
 
 /// One JSON object member kept verbatim: its key and its value as compact JSON text.
+///
+/// A kept member named like a field the types model (`content`, `tool_calls`, a metadata
+/// field, …) only ever takes a form the parser itself keeps: `null`, or a value of a type
+/// the field does not hold; it is written only while the typed field is unset. A member
+/// in any other form, or a key kept twice in one list, is refused by the host's output
+/// check and never written (`wire::check_faithful`).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -157,7 +163,8 @@ impl Content {
 /// kept verbatim in `extra` and written back as it came: `name` and `arguments` then only
 /// say what it is measured as for tokens (each string as it is, any other value as its
 /// JSON text — a non-string name like non-string arguments — a missing or null one as
-/// ""), `function_extra` is empty, and a plugin does not change them.
+/// ""), `function_extra` is empty, and a plugin does not change them (the host's output
+/// check refuses a call whose fields disagree with the `function` it is written with).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {

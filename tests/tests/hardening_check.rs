@@ -1,13 +1,17 @@
 //! Regression tests for faults an adversarial round found in the output check, the wire
 //! format and agentctl's writes:
 //!
+//! - a plugin hiding data in untyped `extra` members named like modelled fields (or given
+//!   twice): an invented tool call, content the token budget never counts, metadata the
+//!   host refuses as input (fixture `smuggler`);
 //! - a plugin returning an empty history for a non-empty one (fixture `emptier`);
 //! - tool calls whose `function` is not the usual shape, changed by a chain that changes
 //!   nothing;
 //! - agentctl changing the owner of the configuration it edits.
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
-use e2e_tests::{agentctl, describe, json, plugin_dir, TestConfig};
+use e2e_tests::{agentctl, describe, json, plugin_dir, real_conversations, TestConfig};
+use plugin_api::wire::{check_faithful, history_from_str};
 
 const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
     {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"search","arguments":"{}"}}]},
@@ -26,6 +30,110 @@ fn config_with(fixture: &str, chain: &str, on_error: &str, tables: &str) -> (Tes
         dir.path().display().to_string()
     ));
     (config, dir)
+}
+
+/// Each trick of the `smuggler` fixture and the key the check must name.
+const TRICKS: &[(&str, &str)] = &[
+    ("tool_calls", "tool_calls"),
+    ("content", "content"),
+    ("metadata", "metadata"),
+    ("turn_added", "turn_added"),
+    ("duplicate", "note"),
+    ("function", "function"),
+    ("arguments", "arguments"),
+];
+
+fn smuggler(trick: &str, on_error: &str) -> (TestConfig, tempfile::TempDir) {
+    config_with(
+        "smuggler",
+        r#"["default", "smuggler"]"#,
+        on_error,
+        &format!("[plugin.smuggler]\ntrick = \"{trick}\"\n"),
+    )
+}
+
+/// Runs `check` for every trick; fails listing every trick it failed for.
+fn for_every_trick(on_error: &str, check: impl Fn(&str, &std::process::Output) -> Result<(), String>) {
+    let failures: Vec<String> = TRICKS
+        .iter()
+        .filter_map(|(trick, key)| {
+            let (config, _dir) = smuggler(trick, on_error);
+            let output = config.process(&[], HISTORY);
+            check(key, &output)
+                .err()
+                .map(|why| format!("trick {trick}: {why}\n{}", describe(&output)))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_smuggled_extra_member_fails_the_turn_under_fail_naming_the_plugin_and_the_key() {
+    for_every_trick("fail", |key, output| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().last().unwrap_or_default();
+        if output.status.code() != Some(4) || !output.stdout.is_empty() {
+            return Err("not exit 4 with nothing on stdout".into());
+        }
+        if !last.starts_with("history-host: plugin \"smuggler\" failed: invalid output") {
+            return Err("the last line does not name the plugin and an invalid output".into());
+        }
+        if !last.contains(&format!("\"{key}\"")) {
+            return Err(format!("the last line does not name \"{key}\""));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_smuggled_extra_member_is_skipped_under_skip_and_the_output_is_clean() {
+    for_every_trick("skip", |key, output| {
+        if !output.status.success() {
+            return Err("the turn failed".into());
+        }
+        if json(&String::from_utf8_lossy(&output.stdout)) != json(HISTORY) {
+            return Err("the output is not the input passed on".into());
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        match stderr.lines().find(|l| l.contains("plugin \"smuggler\" skipped")) {
+            Some(line) if line.contains(&format!("\"{key}\"")) => Ok(()),
+            Some(_) => Err(format!("the warning does not name \"{key}\"")),
+            None => Err("no warning that the plugin was skipped".into()),
+        }
+    });
+}
+
+#[test]
+fn content_hidden_in_extra_does_not_get_past_token_budget() {
+    let tables = "[plugin.smuggler]\ntrick = \"content\"\n[plugin.token_budget]\nmax_tokens = 100\n";
+    let chain = r#"["default", "smuggler", "token_budget"]"#;
+    let (failing, _dir) = config_with("smuggler", chain, "fail", tables);
+    let output = failing.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+
+    let (skipping, _dir) = config_with("smuggler", chain, "skip", tables);
+    let output = skipping.process(&["--explain"], HISTORY);
+    assert!(output.status.success(), "{}", describe(&output));
+    let (clean, _dir) = config_with("smuggler", r#"["default", "token_budget"]"#, "fail", tables);
+    let expected = clean.process(&[], HISTORY);
+    assert!(expected.status.success(), "{}", describe(&expected));
+    assert!(output.stdout.len() < 10_000, "the hidden content came out");
+    assert_eq!(
+        json(&String::from_utf8_lossy(&output.stdout)),
+        json(&String::from_utf8_lossy(&expected.stdout))
+    );
+}
+
+#[test]
+fn every_real_conversation_parses_to_messages_written_as_their_fields_say() {
+    for (name, text) in real_conversations() {
+        let history = history_from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (index, message) in history.iter().enumerate() {
+            if let Err(fault) = check_faithful(message) {
+                panic!("{name}: message {index}: {fault}");
+            }
+        }
+    }
 }
 
 #[test]
