@@ -32,6 +32,7 @@ pub fn write_atomic(file: &Path, text: &str, original: &str, before_rename: &dyn
         .map_err(|e| cannot("create", e))?;
     let written = (|| {
         if let Ok(metadata) = std::fs::metadata(&target) {
+            keep_owner(&out, &metadata)?;
             out.set_permissions(metadata.permissions())?;
         }
         out.write_all(text.as_bytes())?;
@@ -64,6 +65,34 @@ pub fn write_atomic(file: &Path, text: &str, original: &str, before_rename: &dyn
     if let Ok(dir) = std::fs::File::open(&folder) {
         let _ = dir.sync_all();
     }
+    Ok(())
+}
+
+/// Gives the temporary file `out` the owner and group of the file it replaces, so a
+/// root edit of a service account's configuration leaves it readable by that account.
+/// Changed only where they differ: an unprivileged edit of the operator's own file needs
+/// no `chown`. Where they differ and cannot be kept, the edit is refused (the error).
+#[cfg(unix)]
+fn keep_owner(out: &std::fs::File, original: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let now = out.metadata()?;
+    if (now.uid(), now.gid()) != (original.uid(), original.gid()) {
+        std::os::unix::fs::fchown(out, Some(original.uid()), Some(original.gid())).map_err(|err| {
+            std::io::Error::new(
+                err.kind(),
+                format!(
+                    "cannot give it the owner {}:{} of the file it replaces ({err})",
+                    original.uid(),
+                    original.gid()
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn keep_owner(_out: &std::fs::File, _original: &std::fs::Metadata) -> std::io::Result<()> {
     Ok(())
 }
 

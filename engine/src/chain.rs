@@ -10,7 +10,7 @@ use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
 };
 
-use crate::check::{check_faults, check_output, is_passthrough, is_selection};
+use crate::check::{check_faults, check_not_emptied, check_output, is_passthrough, is_selection};
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::loader::{Catalog, PluginLibrary, Unavailable};
@@ -371,9 +371,11 @@ impl Chain {
                 return Ok((output, state.faults));
             }
             // Identities are unique here (assign_origins), so a plain selection needs
-            // only the structural check, not the full one that hashes the input.
+            // only the structural check (and never-empty), not the full one that hashes
+            // the input.
             let output_faults = if is_selection(history, &output.history) {
-                check_faults(&output.history, state.faults)
+                check_not_emptied(history, &output.history)
+                    .and_then(|()| check_faults(&output.history, state.faults))
             } else {
                 check_output(history, state.faults, &output.history)
             }

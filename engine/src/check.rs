@@ -1,6 +1,6 @@
 //! The check the host runs on every plugin's output before passing it on (SPEC §4.3):
-//! the shape is valid, there are no more structural faults than the plugin's input had,
-//! and nothing is invented.
+//! a non-empty input does not come out empty, the shape is valid, there are no more
+//! structural faults than the plugin's input had, and nothing is invented.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -42,6 +42,18 @@ fn key(message: &Message) -> Key<'_> {
     )
 }
 
+/// The never-empty rule: a plugin handed a non-empty history returns a non-empty one (an
+/// empty history is no request a provider takes, and nothing the plugin could repair).
+pub fn check_not_emptied(input: &[RArc<Message>], output: &[RArc<Message>]) -> Result<(), String> {
+    if output.is_empty() && !input.is_empty() {
+        return Err(format!(
+            "empty history returned for {} messages (a non-empty history never comes out empty)",
+            input.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one plugin's output against its input. Returns the output's structural faults,
 /// or the first problem found (naming the index of the output message).
 pub fn check_output(
@@ -49,6 +61,7 @@ pub fn check_output(
     input_faults: usize,
     output: &[RArc<Message>],
 ) -> Result<Faults, String> {
+    check_not_emptied(input, output)?;
     let shared: HashSet<*const Message> = input.iter().map(|m| &**m as *const Message).collect();
     let by_key: HashMap<Key<'_>, &Message> = input.iter().map(|m| (key(m), &**m)).collect();
     let origins: HashMap<u64, Role> = input.iter().map(|m| (m.origin(), m.role)).collect();
@@ -146,7 +159,8 @@ pub(crate) fn check_shape(message: &Message) -> Result<(), String> {
             check_content(original)?;
         }
     }
-    Ok(())
+    // Every kept member is JSON: now none may shadow a modelled field or be given twice.
+    plugin_api::wire::check_faithful(message)
 }
 
 fn check_content(content: &Content) -> Result<(), String> {

@@ -56,6 +56,12 @@ impl Role {
 }
 
 /// One JSON object member kept verbatim: its key and its value as compact JSON text.
+///
+/// A kept member named like a field the types model (`content`, `tool_calls`, a metadata
+/// field, …) only ever takes a form the parser itself keeps: `null`, or a value of a type
+/// the field does not hold; it is written only while the typed field is unset. A member
+/// in any other form, or a key kept twice in one list, is refused by the host's output
+/// check and never written (`wire::check_faithful`).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -149,22 +155,34 @@ impl Content {
 }
 
 /// One entry of an assistant message's `tool_calls`.
+///
+/// A call whose `function` has the usual shape — an object with a string `name` and
+/// `arguments` that are present and not null — has `has_function`, and its function is
+/// written from `name`, `arguments` and `function_extra`. Any other `function` (`{}`, a
+/// null or numeric name, null or missing arguments, a value that is not an object) is
+/// kept verbatim in `extra` and written back as it came: `name` and `arguments` then only
+/// say what it is measured as for tokens (each string as it is, any other value as its
+/// JSON text — a non-string name like non-string arguments — a missing or null one as
+/// ""), `function_extra` is empty, and a plugin does not change them (the host's output
+/// check refuses a call whose fields disagree with the `function` it is written with).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
     /// The call id that a `tool` message answers with its `tool_call_id`.
     pub id: RString,
-    /// `function.name` ("" when absent).
+    /// `function.name` (see above for a `function` of another shape).
     pub name: RString,
     /// `function.arguments`: the string itself, or the JSON text of a non-string value.
     pub arguments: RString,
     /// `arguments` was not a string on the wire and is written back as JSON.
     pub arguments_is_json: bool,
-    /// The call has a `function` object (name and arguments above, plus `function_extra`).
+    /// The call has a `function` object of the usual shape (name and arguments above,
+    /// plus `function_extra`).
     pub has_function: bool,
-    /// Other members of the call, e.g. `"type": "function"`.
+    /// Other members of the call, e.g. `"type": "function"`, and a `function` that is not
+    /// the usual shape.
     pub extra: RVec<Member>,
-    /// Other members of the `function` object.
+    /// Other members of the usual `function` object.
     pub function_extra: RVec<Member>,
 }
 
@@ -562,7 +580,8 @@ impl Message {
     }
 
     /// The items counted by a tokenizer (SPEC §5.2): each text part, each opaque part's
-    /// JSON text, each tool call's function name and arguments string.
+    /// JSON text, each tool call's function name and arguments string (for a `function`
+    /// that is not the usual shape, what [`ToolCall`] says it is measured as).
     pub fn token_items(&self) -> impl Iterator<Item = &str> {
         self.content.items().chain(
             self.tool_calls

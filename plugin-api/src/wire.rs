@@ -5,7 +5,9 @@
 //!
 //! Fidelity rule: `write(parse(x))` is the same JSON value as `x`. Members the types do
 //! not model go to an `extra` list verbatim; a known member spelled `null` counts as
-//! absent (§2.1.1) but is kept there too, so it is written back as it came.
+//! absent (§2.1.1) but is kept there too, so it is written back as it came. And the
+//! other way round, a message is written as its typed fields say: a kept member never
+//! shadows a modelled field ([`check_faithful`]).
 
 use abi_stable::std_types::{RArc, ROption, RString, RVec};
 use serde_json::{Map, Value};
@@ -160,13 +162,12 @@ fn parse_tool_call(value: &Value) -> Result<ToolCall, ShapeError> {
     for (key, value) in object {
         match (key.as_str(), value) {
             ("id", _) => {}
-            ("function", Value::Object(function)) => {
+            ("function", Value::Object(function)) if is_usual_function(function) => {
                 call.has_function = true;
                 for (key, value) in function {
                     match (key.as_str(), value) {
                         ("name", Value::String(name)) => call.name = name.as_str().into(),
                         ("arguments", Value::String(arguments)) => call.arguments = arguments.as_str().into(),
-                        ("arguments", Value::Null) => call.function_extra.push(member(key, value)),
                         ("arguments", other) => {
                             call.arguments = other.to_string().into();
                             call.arguments_is_json = true;
@@ -175,10 +176,41 @@ fn parse_tool_call(value: &Value) -> Result<ToolCall, ShapeError> {
                     }
                 }
             }
+            ("function", other) => {
+                // Kept as it came; the typed fields say only what it is measured as.
+                call.extra.push(member(key, value));
+                (call.name, call.arguments, call.arguments_is_json) = measured_function(other);
+            }
             _ => call.extra.push(member(key, value)),
         }
     }
     Ok(call)
+}
+
+/// The usual shape of a tool call's `function`, the one [`ToolCall`] models: a string
+/// `name`, and `arguments` that are present and not null.
+fn is_usual_function(function: &Map<String, Value>) -> bool {
+    matches!(function.get("name"), Some(Value::String(_)))
+        && !matches!(function.get("arguments"), None | Some(Value::Null))
+}
+
+/// What a `function` value that is not the usual shape is measured as: its name and its
+/// arguments, each a string as it is and any other value as its JSON text (a non-string
+/// name is counted like non-string arguments, so nothing a call carries escapes the
+/// token count), a missing or null one as nothing; and whether the arguments are JSON
+/// text. A `function` that is not an object has neither.
+fn measured_function(function: &Value) -> (RString, RString, bool) {
+    let Value::Object(function) = function else {
+        return (RString::new(), RString::new(), false);
+    };
+    let text = |value: Option<&Value>| match value {
+        None | Some(Value::Null) => (RString::new(), false),
+        Some(Value::String(text)) => (text.as_str().into(), false),
+        Some(other) => (other.to_string().into(), true),
+    };
+    let (name, _) = text(function.get("name"));
+    let (arguments, arguments_is_json) = text(function.get("arguments"));
+    (name, arguments, arguments_is_json)
 }
 
 fn parse_u64(value: &Value) -> Option<u64> {
@@ -358,6 +390,265 @@ pub fn parse_history(value: &Value) -> Result<Vec<RArc<Message>>, ShapeError> {
         .collect()
 }
 
+/// The value of a kept member, or `None` when its text is not JSON.
+fn kept_value(m: &Member) -> Option<Value> {
+    match m.json.as_str() {
+        "null" => Some(Value::Null),
+        json => serde_json::from_str(json).ok(),
+    }
+}
+
+/// Whether a kept member holds `null`.
+fn kept_null(m: &Member) -> bool {
+    matches!(kept_value(m), Some(Value::Null))
+}
+
+/// Whether a kept member holds a value that is not of the JSON type `is` tells.
+fn kept_not(m: &Member, is: fn(&Value) -> bool) -> bool {
+    kept_value(m).is_some_and(|value| !is(&value))
+}
+
+// The forms a kept member named like a field the types model may take: those the parser
+// itself keeps verbatim — `null` (the same as absent), or a value of a type the field
+// does not hold. A member in any other form could add what the types would hold (a
+// call, content, metadata) past the token count and the output check, or make the output
+// bad input: the host refuses a plugin's output message with one ([`check_faithful`]).
+// The writer writes such a member only where the typed field is absent and the form is
+// one of these; where the typed field is set (e.g. a `content: null` kept from before a
+// plugin gave the message content), the typed field is written instead.
+
+/// Whether kept member `m` of a message with role `role` is in a form the parser keeps.
+fn message_member_form(role: Role, m: &Member) -> bool {
+    match m.key.as_str() {
+        "role" => false,
+        "content" | "metadata" => kept_null(m),
+        "tool_calls" => {
+            role != Role::Assistant
+                || kept_value(m).is_some_and(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+        }
+        "tool_call_id" => {
+            kept_value(m).is_some_and(|v| v.is_null() || (!v.is_string() && role != Role::Tool))
+        }
+        "name" => kept_not(m, Value::is_string),
+        _ => true,
+    }
+}
+
+/// Whether the message's typed field for `key` is set (and written instead of a member).
+fn message_field_set(message: &Message, key: &str) -> bool {
+    match key {
+        "role" => true,
+        "content" => message.content != Content::Null,
+        "tool_calls" => !message.tool_calls.is_empty(),
+        "tool_call_id" => message.tool_call_id.is_some(),
+        "name" => message.name.is_some(),
+        "metadata" => message.metadata.is_some(),
+        _ => false,
+    }
+}
+
+/// Whether kept member `m` of `metadata` is in a form the parser keeps.
+fn metadata_member_form(m: &Member) -> bool {
+    match m.key.as_str() {
+        "id" | "timestamp" | "message_type" => kept_not(m, Value::is_string),
+        "turn_added" | "retention_policy" | "expiration" => kept_null(m),
+        "was_compacted" | "can_expand" | "is_expired" | "omitted" => kept_not(m, Value::is_boolean),
+        "original_content" => kept_value(m).is_some_and(|v| v.is_null() || parse_content(&v).is_none()),
+        "original_length" => kept_not(m, Value::is_u64),
+        "tokens_saved" => kept_not(m, Value::is_i64),
+        _ => true,
+    }
+}
+
+fn metadata_field_set(meta: &Metadata, key: &str) -> bool {
+    match key {
+        "id" => meta.id.is_some(),
+        "timestamp" => meta.timestamp.is_some(),
+        "message_type" => meta.message_type.is_some(),
+        "turn_added" => meta.turn_added.is_some(),
+        "retention_policy" => meta.retention_policy.is_some(),
+        "expiration" => meta.expiration.is_some(),
+        "was_compacted" => meta.was_compacted.is_some(),
+        "can_expand" => meta.can_expand.is_some(),
+        "is_expired" => meta.is_expired.is_some(),
+        "omitted" => meta.omitted.is_some(),
+        "original_content" => meta.original_content.is_some(),
+        "original_length" => meta.original_length.is_some(),
+        "tokens_saved" => meta.tokens_saved.is_some(),
+        _ => false,
+    }
+}
+
+/// Whether kept member `m` of `metadata.expiration` is in a form the parser keeps.
+fn expiration_member_form(m: &Member) -> bool {
+    match m.key.as_str() {
+        "turns" | "mode" | "compact_mode" | "compact_length" => kept_null(m),
+        _ => true,
+    }
+}
+
+fn expiration_field_set(expiration: &Expiration, key: &str) -> bool {
+    match key {
+        "turns" => expiration.turns.is_some(),
+        "mode" => expiration.mode.is_some(),
+        "compact_mode" => expiration.compact_mode.is_some(),
+        "compact_length" => expiration.compact_length.is_some(),
+        _ => false,
+    }
+}
+
+/// Whether kept member `m` of a tool call is in a form the parser keeps: a `function`
+/// only when it is not the usual shape.
+fn call_member_form(m: &Member) -> bool {
+    match m.key.as_str() {
+        "id" => false,
+        "function" => kept_value(m).is_some_and(|v| !v.as_object().is_some_and(is_usual_function)),
+        _ => true,
+    }
+}
+
+fn call_field_set(call: &ToolCall, key: &str) -> bool {
+    match key {
+        "id" => true,
+        "function" => call.has_function,
+        _ => false,
+    }
+}
+
+/// Whether kept member `m` of a tool call's usual `function` object is in a form the
+/// parser keeps (its name and arguments are always typed).
+fn function_member_form(m: &Member) -> bool {
+    !matches!(m.key.as_str(), "name" | "arguments")
+}
+
+/// Whether kept member `m` of a text part is in a form the parser keeps (its type and
+/// text are always typed).
+fn text_part_member_form(m: &Member) -> bool {
+    !matches!(m.key.as_str(), "type" | "text")
+}
+
+/// Whether the kept member at `index` is the last one with its key (a JSON reader keeps
+/// the last of a key given twice; the writer writes only that one).
+fn last_of_its_key(extra: &[Member], index: usize) -> bool {
+    let key = &extra[index].key;
+    !extra[index + 1..].iter().any(|m| &m.key == key)
+}
+
+/// A key given more than once in `extra`.
+fn repeated_key(extra: &[Member]) -> Option<&str> {
+    if extra.len() < 2 {
+        return None;
+    }
+    if extra.len() <= 16 {
+        return (0..extra.len())
+            .find(|&i| !last_of_its_key(extra, i))
+            .map(|i| extra[i].key.as_str());
+    }
+    let mut seen = rustc_hash::FxHashSet::default();
+    extra
+        .iter()
+        .find(|m| !seen.insert(m.key.as_str()))
+        .map(|m| m.key.as_str())
+}
+
+/// The first fault of one extra list: a member named like a modelled field in a form the
+/// parser does not keep (it would shadow the field), or a key given twice. `place` is
+/// where the list is (`""` for the message itself).
+fn check_kept(place: &str, extra: &[Member], form: impl Fn(&Member) -> bool) -> Result<(), String> {
+    let at = |what: String| {
+        if place.is_empty() {
+            what
+        } else {
+            format!("{place}: {what}")
+        }
+    };
+    if let Some(m) = extra.iter().find(|m| !form(m)) {
+        return Err(at(format!(
+            "extra member {} shadows a modelled field",
+            crate::echo::quoted(&m.key)
+        )));
+    }
+    if let Some(key) = repeated_key(extra) {
+        return Err(at(format!(
+            "extra member {} is given twice",
+            crate::echo::quoted(key)
+        )));
+    }
+    Ok(())
+}
+
+fn check_parts(place: &str, content: &Content) -> Result<(), String> {
+    if let Content::Parts(parts) = content {
+        for (i, part) in parts.iter().enumerate() {
+            if let Part::Text { extra, .. } = part {
+                check_kept(&format!("{place}[{i}]"), extra, text_part_member_form)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_call(place: &str, call: &ToolCall) -> Result<(), String> {
+    check_kept(place, &call.extra, call_member_form)?;
+    if call.has_function {
+        check_kept(
+            &format!("{place}.function"),
+            &call.function_extra,
+            function_member_form,
+        )?;
+        if call.arguments_is_json
+            && !serde_json::from_str::<Value>(&call.arguments).is_ok_and(|v| !v.is_null() && !v.is_string())
+        {
+            return Err(format!(
+                "{place}.function: arguments kept as JSON text must be JSON other than null or a string"
+            ));
+        }
+        return Ok(());
+    }
+    let measured = call
+        .extra
+        .iter()
+        .find(|m| m.key == "function")
+        .and_then(kept_value)
+        .map_or_else(
+            || (RString::new(), RString::new(), false),
+            |f| measured_function(&f),
+        );
+    if measured != (call.name.clone(), call.arguments.clone(), call.arguments_is_json) {
+        return Err(format!(
+            "{place}: name and arguments differ from those of the function it is written with"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `message` is written as its typed fields say (the other half of the
+/// fidelity rule): no kept member shadows a modelled field, no key is kept twice in one
+/// extra list, and a tool call without the usual `function` measures as the `function`
+/// it is written with. The error names where and the key:
+/// `metadata: extra member "turn_added" shadows a modelled field`.
+///
+/// Every message [`parse_message`] returns passes. The host refuses a plugin's output
+/// message that does not: such a member could add a tool call, content past the token
+/// count, or metadata the host refuses as input, none of which the types show.
+pub fn check_faithful(message: &Message) -> Result<(), String> {
+    check_kept("", &message.extra, |m| message_member_form(message.role, m))?;
+    check_parts("content", &message.content)?;
+    for (i, call) in message.tool_calls.iter().enumerate() {
+        check_call(&format!("tool_calls[{i}]"), call)?;
+    }
+    if let Some(meta) = message.meta() {
+        check_kept("metadata", &meta.extra, metadata_member_form)?;
+        if let Some(expiration) = meta.expiration.as_ref().into_option() {
+            check_kept("metadata.expiration", &expiration.extra, expiration_member_form)?;
+        }
+        if let Some(original) = meta.original_content.as_ref().into_option() {
+            check_parts("metadata.original_content", original)?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes compact JSON. Kept members are spliced in verbatim.
 struct Writer {
     out: String,
@@ -386,10 +677,13 @@ impl Writer {
         self.key(key);
         self.out.push_str(json);
     }
-    /// Writes the kept members whose key was not written by a typed field.
-    fn extra(&mut self, extra: &[Member], written: &[&str]) {
-        for m in extra {
-            if !written.contains(&m.key.as_str()) {
+    /// Writes the kept members in a form the parser keeps (`form`) whose typed field is
+    /// not set (`set`), each key once (its last): the writer never writes a member that
+    /// shadows a field the types model (see [`check_faithful`]).
+    fn extra(&mut self, extra: &[Member], form: impl Fn(&Member) -> bool, set: impl Fn(&str) -> bool) {
+        let repeated = repeated_key(extra).is_some();
+        for (i, m) in extra.iter().enumerate() {
+            if !set(&m.key) && form(m) && (!repeated || last_of_its_key(extra, i)) {
                 self.raw(&m.key, &m.json);
             }
         }
@@ -421,7 +715,7 @@ fn write_content(out: &mut String, content: &Content) {
                         let mut w = Writer::open(std::mem::take(out));
                         w.string("type", "text");
                         w.string("text", text);
-                        w.extra(extra, &["type", "text"]);
+                        w.extra(extra, text_part_member_form, |_| false);
                         *out = w.close();
                     }
                 }
@@ -434,7 +728,6 @@ fn write_content(out: &mut String, content: &Content) {
 fn write_tool_call(out: &mut String, call: &ToolCall) {
     let mut w = Writer::open(std::mem::take(out));
     w.string("id", &call.id);
-    let mut written = vec!["id"];
     if call.has_function {
         w.key("function");
         let mut f = Writer::open(std::mem::take(&mut w.out));
@@ -444,24 +737,21 @@ fn write_tool_call(out: &mut String, call: &ToolCall) {
         } else {
             f.string("arguments", &call.arguments);
         }
-        f.extra(&call.function_extra, &["name", "arguments"]);
+        f.extra(&call.function_extra, function_member_form, |_| false);
         w.out = f.close();
-        written.push("function");
     }
-    w.extra(&call.extra, &written);
+    w.extra(&call.extra, call_member_form, |key| call_field_set(call, key));
     *out = w.close();
 }
 
 fn write_metadata(out: &mut String, meta: &Metadata) {
     let mut w = Writer::open(std::mem::take(out));
-    let mut written: Vec<&str> = Vec::new();
     macro_rules! field {
         ($name:literal, $value:expr, |$w:ident, $v:ident| $write:expr) => {
             if let ROption::RSome($v) = &$value {
                 let $w = &mut w;
                 $w.key($name);
                 $write;
-                written.push($name);
             }
         };
     }
@@ -488,24 +778,21 @@ fn write_metadata(out: &mut String, meta: &Metadata) {
     });
     field!("expiration", meta.expiration, |w, v| {
         let mut e = Writer::open(std::mem::take(&mut w.out));
-        let mut inner: Vec<&str> = Vec::new();
         if let ROption::RSome(turns) = v.turns {
             e.raw("turns", &turns.to_string());
-            inner.push("turns");
         }
         if let ROption::RSome(mode) = v.mode {
             e.string("mode", mode.as_str());
-            inner.push("mode");
         }
         if let ROption::RSome(mode) = v.compact_mode {
             e.string("compact_mode", mode.as_str());
-            inner.push("compact_mode");
         }
         if let ROption::RSome(length) = v.compact_length {
             e.raw("compact_length", &length.to_string());
-            inner.push("compact_length");
         }
-        e.extra(&v.extra, &inner);
+        e.extra(&v.extra, expiration_member_form, |key| {
+            expiration_field_set(v, key)
+        });
         w.out = e.close();
     });
     field!("was_compacted", meta.was_compacted, |w, v| w
@@ -535,19 +822,19 @@ fn write_metadata(out: &mut String, meta: &Metadata) {
     field!("tokens_saved", meta.tokens_saved, |w, v| w
         .out
         .push_str(&v.to_string()));
-    w.extra(&meta.extra, &written);
+    w.extra(&meta.extra, metadata_member_form, |key| {
+        metadata_field_set(meta, key)
+    });
     *out = w.close();
 }
 
 /// Appends one message as compact JSON.
 pub fn write_message(out: &mut String, message: &Message) {
     let mut w = Writer::open(std::mem::take(out));
-    let mut written = vec!["role"];
     w.string("role", message.role.as_str());
     if message.content != Content::Null {
         w.key("content");
         write_content(&mut w.out, &message.content);
-        written.push("content");
     }
     if !message.tool_calls.is_empty() {
         w.key("tool_calls");
@@ -559,22 +846,22 @@ pub fn write_message(out: &mut String, message: &Message) {
             write_tool_call(&mut w.out, call);
         }
         w.out.push(']');
-        written.push("tool_calls");
     }
     if let ROption::RSome(id) = &message.tool_call_id {
         w.string("tool_call_id", id);
-        written.push("tool_call_id");
     }
     if let ROption::RSome(name) = &message.name {
         w.string("name", name);
-        written.push("name");
     }
     if let ROption::RSome(meta) = &message.metadata {
         w.key("metadata");
         write_metadata(&mut w.out, meta);
-        written.push("metadata");
     }
-    w.extra(&message.extra, &written);
+    w.extra(
+        &message.extra,
+        |m| message_member_form(message.role, m),
+        |key| message_field_set(message, key),
+    );
     *out = w.close();
 }
 
@@ -613,6 +900,18 @@ mod tests {
         let message = parse_message(&value).unwrap();
         let back: Value = serde_json::from_str(&message_to_string(&message)).unwrap();
         assert_eq!(value, back, "{json}");
+        // What the parser keeps verbatim never shadows a modelled field.
+        assert_eq!(check_faithful(&message), Ok(()), "{json}");
+    }
+
+    fn call_with(function: &str) -> String {
+        format!(
+            r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{function}}}]}}"#
+        )
+    }
+
+    fn parsed(json: &str) -> Message {
+        parse_message(&serde_json::from_str(json).unwrap()).unwrap()
     }
 
     #[test]
@@ -636,6 +935,294 @@ mod tests {
         );
         round_trip(
             r#"{"role":"user","content":"x","metadata":{"id":5,"original_content":7,"turn_added":null}}"#,
+        );
+    }
+
+    #[test]
+    fn every_member_the_parser_keeps_verbatim_round_trips() {
+        // Known members in a form the types do not hold, at every level.
+        round_trip(
+            r#"{"role":"assistant","content":null,"tool_calls":null,"tool_call_id":null,"name":null,"metadata":null}"#,
+        );
+        round_trip(
+            r#"{"role":"user","content":"x","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}"#,
+        );
+        round_trip(r#"{"role":"system","content":"x","tool_calls":"opaque","tool_call_id":7,"name":["n"]}"#);
+        round_trip(r#"{"role":"tool","tool_call_id":"c","content":"x","name":5}"#);
+        round_trip(
+            r#"{"role":"user","content":"x","metadata":{"id":null,"timestamp":1,"message_type":false,"turn_added":null,"retention_policy":null,"expiration":null,"was_compacted":"no","can_expand":1,"is_expired":null,"omitted":[],"original_content":[1,2],"original_length":-1,"tokens_saved":1.5}}"#,
+        );
+        round_trip(
+            r#"{"role":"user","content":"x","metadata":{"expiration":{"turns":null,"mode":null,"compact_mode":null,"compact_length":null}}}"#,
+        );
+    }
+
+    #[test]
+    fn tool_calls_of_any_function_shape_round_trip() {
+        for function in [
+            r#"{}"#,
+            r#"{"name":null,"arguments":null}"#,
+            r#"{"name":5,"arguments":"{\"q\":1}"}"#,
+            r#"{"name":"f"}"#,
+            r#"{"arguments":"{}","strict":true}"#,
+            r#"{"name":"f","arguments":null}"#,
+            r#"{"name":{"x":[1]},"arguments":{"q":2}}"#,
+            r#""search""#,
+            r#"null"#,
+            r#"{"name":"f","arguments":{"q":3},"x":1}"#,
+            r#"{"name":"","arguments":""}"#,
+        ] {
+            round_trip(&call_with(function));
+        }
+    }
+
+    #[test]
+    fn a_function_of_another_shape_is_measured_name_and_arguments_each_as_json_text() {
+        let items = |function: &str| -> Vec<String> {
+            let message = parsed(&call_with(function));
+            message.token_items().map(str::to_string).collect()
+        };
+        // A string as it is; any other value as its JSON text, a non-string name too;
+        // a missing or null one as nothing.
+        assert_eq!(items(r#"{"name":"f","arguments":"{}"}"#), ["f", "{}"]);
+        assert_eq!(items(r#"{"name":"f","arguments":{"q":1}}"#), ["f", r#"{"q":1}"#]);
+        assert_eq!(
+            items(r#"{"name":5,"arguments":"{\"q\":1}"}"#),
+            ["5", r#"{"q":1}"#]
+        );
+        assert_eq!(
+            items(r#"{"name":{"x":[1]},"arguments":{"q":2}}"#),
+            [r#"{"x":[1]}"#, r#"{"q":2}"#]
+        );
+        assert_eq!(items(r#"{"name":null,"arguments":null}"#), ["", ""]);
+        assert_eq!(items(r#"{}"#), ["", ""]);
+        assert_eq!(items(r#"{"name":"g","arguments":null}"#), ["g", ""]);
+        assert_eq!(items(r#""search""#), ["", ""]);
+        let odd = parsed(&call_with(r#"{"name":null,"arguments":null}"#));
+        assert!(!odd.tool_calls[0].has_function, "kept verbatim, not modelled");
+    }
+
+    #[test]
+    fn a_kept_member_that_shadows_a_modelled_field_is_refused_and_never_written() {
+        let member = |key: &str, json: &str| Member {
+            key: key.into(),
+            json: json.into(),
+        };
+        let assistant = parsed(&call_with(r#"{"name":"search","arguments":"{}"}"#));
+        let user = parsed(
+            r#"{"role":"user","content":[{"type":"text","text":"hi"}],"metadata":{"id":"m","expiration":{"turns":1}}}"#,
+        );
+        let cases: Vec<(Message, &str, &str)> = vec![
+            (
+                {
+                    let mut m = parsed(r#"{"role":"assistant","content":"done"}"#);
+                    m.extra.push(member(
+                        "tool_calls",
+                        r#"[{"id":"x","function":{"name":"rm_rf","arguments":"{}"}}]"#,
+                    ));
+                    m
+                },
+                r#"extra member "tool_calls" shadows"#,
+                "rm_rf",
+            ),
+            (
+                {
+                    let mut m = assistant.clone();
+                    m.extra.push(member("content", r#""hidden""#));
+                    m
+                },
+                r#"extra member "content" shadows"#,
+                "hidden",
+            ),
+            (
+                {
+                    let mut m = parsed(r#"{"role":"user","content":"u"}"#);
+                    m.extra.push(member("metadata", r#"{"turn_added":0}"#));
+                    m
+                },
+                r#"extra member "metadata" shadows"#,
+                "turn_added",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    m.extra.push(member("role", r#""system""#));
+                    m
+                },
+                r#"extra member "role" shadows"#,
+                "system",
+            ),
+            (
+                {
+                    let mut m = parsed(r#"{"role":"user","content":"u"}"#);
+                    m.extra.push(member("name", r#""bob""#));
+                    m
+                },
+                r#"extra member "name" shadows"#,
+                "bob",
+            ),
+            (
+                {
+                    let mut m = parsed(r#"{"role":"tool","tool_call_id":"c1","content":"r"}"#);
+                    m.extra.push(member("tool_call_id", r#""c2""#));
+                    m
+                },
+                r#"extra member "tool_call_id" shadows"#,
+                "c2",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    m.extra.push(member("note", "1"));
+                    m.extra.push(member("note", "2"));
+                    m
+                },
+                r#"extra member "note" is given twice"#,
+                "\"note\":1",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    m.meta_mut().extra.push(member("turn_added", "0"));
+                    m
+                },
+                r#"metadata: extra member "turn_added" shadows"#,
+                "turn_added",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    m.meta_mut().extra.push(member("id", r#""other""#));
+                    m
+                },
+                r#"metadata: extra member "id" shadows"#,
+                "other",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    m.meta_mut().extra.push(member("original_content", r#""big""#));
+                    m
+                },
+                r#"metadata: extra member "original_content" shadows"#,
+                "big",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    if let ROption::RSome(expiration) = &mut m.meta_mut().expiration {
+                        expiration.extra.push(member("mode", r#""remove""#));
+                    }
+                    m
+                },
+                r#"metadata.expiration: extra member "mode" shadows"#,
+                "remove",
+            ),
+            (
+                {
+                    let mut m = user.clone();
+                    if let Content::Parts(parts) = &mut m.content {
+                        if let Part::Text { extra, .. } = &mut parts[0] {
+                            extra.push(member("text", r#""other""#));
+                        }
+                    }
+                    m
+                },
+                r#"content[0]: extra member "text" shadows"#,
+                "other",
+            ),
+            (
+                {
+                    let mut m = assistant.clone();
+                    m.tool_calls[0].extra.push(member("id", r#""c9""#));
+                    m
+                },
+                r#"tool_calls[0]: extra member "id" shadows"#,
+                "c9",
+            ),
+            (
+                {
+                    let mut m = assistant.clone();
+                    m.tool_calls[0].has_function = false;
+                    m.tool_calls[0]
+                        .extra
+                        .push(member("function", r#"{"name":"rm_rf","arguments":"{}"}"#));
+                    m
+                },
+                r#"tool_calls[0]: extra member "function" shadows"#,
+                "rm_rf",
+            ),
+            (
+                {
+                    let mut m = assistant.clone();
+                    m.tool_calls[0]
+                        .function_extra
+                        .push(member("arguments", r#""{\"path\":\"/\"}""#));
+                    m
+                },
+                r#"tool_calls[0].function: extra member "arguments" shadows"#,
+                "path",
+            ),
+            (
+                {
+                    // A function of another shape with arguments the typed fields do not show.
+                    let mut m = parsed(&call_with(r#"{"name":null,"arguments":null}"#));
+                    m.tool_calls[0].extra[1] = member(
+                        "function",
+                        &format!(r#"{{"name":null,"arguments":"{}"}}"#, "x".repeat(100)),
+                    );
+                    m
+                },
+                "tool_calls[0]: name and arguments differ",
+                "",
+            ),
+        ];
+        // Each case: the message, the fault the check names, and what the writer leaves out.
+        for (message, fault, left_out) in cases {
+            let err = check_faithful(&message).unwrap_err();
+            assert!(err.starts_with(fault), "{err} (expected {fault})");
+            let written = message_to_string(&message);
+            let back = parse_message(&serde_json::from_str(&written).unwrap()).unwrap();
+            assert_eq!(check_faithful(&back), Ok(()), "{written}");
+            assert!(left_out.is_empty() || !written.contains(left_out), "{written}");
+        }
+    }
+
+    #[test]
+    fn a_kept_null_under_a_field_a_plugin_set_is_not_written_and_not_refused() {
+        // What a plugin gets by giving content, metadata or a call's usual function to a
+        // copy of a message that came with them null (or of another shape).
+        let mut message = parsed(
+            r#"{"role":"assistant","content":null,"metadata":null,"name":7,"tool_calls":[{"id":"c","function":{}}]}"#,
+        );
+        message.content = Content::Text("merged".into());
+        message.meta_mut().id = ROption::RSome("m".into());
+        message.name = ROption::RSome("bot".into());
+        let call = &mut message.tool_calls[0];
+        call.has_function = true;
+        call.name = "f".into();
+        call.arguments = "{}".into();
+        assert_eq!(check_faithful(&message), Ok(()));
+        let written: Value = serde_json::from_str(&message_to_string(&message)).unwrap();
+        let expected: Value = serde_json::from_str(
+            r#"{"role":"assistant","content":"merged","name":"bot","metadata":{"id":"m"},"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(written, expected);
+    }
+
+    #[test]
+    fn a_key_given_twice_is_echoed_on_one_line() {
+        let mut message = parsed(r#"{"role":"user","content":"u"}"#);
+        for _ in 0..2 {
+            message.extra.push(Member {
+                key: "a\nb\u{1b}[31m".into(),
+                json: "1".into(),
+            });
+        }
+        assert_eq!(
+            check_faithful(&message),
+            Err(r#"extra member "a\nb\u{1b}[31m" is given twice"#.to_string())
         );
     }
 

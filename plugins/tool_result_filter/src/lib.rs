@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use plugin_api::structure::{answered_call_refs, tool_name, CallRef};
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
-    Output, RArc,
+    Output, RArc, ToolCall,
 };
 
 // §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
@@ -244,7 +244,7 @@ impl HistoryPlugin for ToolResultFilter {
             for tool_call in history[call].tool_calls.iter() {
                 let id = tool_call.id.as_str();
                 // Already "{}": nothing to clear, nothing saved (keeps a second run a no-op).
-                if ids.contains(id) && tool_call.arguments.as_str() != "{}" {
+                if ids.contains(id) && clearable(tool_call) {
                     *arguments_saved.entry((call, id)).or_default() +=
                         ctx.tokens().text(tokenizer, &tool_call.arguments) as i64 - empty_args_tokens;
                 }
@@ -295,13 +295,13 @@ impl HistoryPlugin for ToolResultFilter {
             let needs_change = original
                 .tool_calls
                 .iter()
-                .any(|c| ids.contains(c.id.as_str()) && c.arguments.as_str() != "{}");
+                .any(|c| ids.contains(c.id.as_str()) && clearable(c));
             if !needs_change {
                 continue;
             }
             let mut copy = (**original).clone();
             for call in copy.tool_calls.iter_mut() {
-                if ids.contains(call.id.as_str()) && call.arguments.as_str() != "{}" {
+                if ids.contains(call.id.as_str()) && clearable(call) {
                     call.arguments = "{}".into();
                     call.arguments_is_json = false;
                 }
@@ -311,6 +311,13 @@ impl HistoryPlugin for ToolResultFilter {
         log_line(already + replace.len());
         Ok(Output::new(out, events))
     }
+}
+
+/// Whether `clear_tool_inputs` replaces this call's arguments with `"{}"`: a call with the
+/// usual `function` object whose arguments are not `"{}"` already. A `function` of
+/// another shape is kept as it came (its arguments are not a field to set).
+fn clearable(call: &ToolCall) -> bool {
+    call.has_function && call.arguments.as_str() != "{}"
 }
 
 plugin_api::export_plugin!(ToolResultFilter);

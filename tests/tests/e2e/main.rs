@@ -15,6 +15,7 @@ mod expand_explain;
 mod fanout;
 mod faults;
 mod full_chain;
+mod hardening_check;
 mod hardening_load;
 mod hardening_output;
 mod host_services;

@@ -37,6 +37,28 @@ fn run(config: &TestConfig, input: &str) -> Result<ChainRun, TestCaseError> {
         .map_err(|e| TestCaseError::fail(format!("the turn failed: {e}")))
 }
 
+/// Runs a chain ending in `role_pair`; `None` when the turn failed only because what
+/// reached `role_pair` has no user and no system message: its repair keeps none of it,
+/// and the host refuses an empty result for a non-empty history.
+fn run_unless_emptied(config: &TestConfig, input: &str) -> Result<Option<ChainRun>, TestCaseError> {
+    let failure = match config.run("m", input, None) {
+        Ok(run) => return Ok(Some(run)),
+        Err(failure) => failure,
+    };
+    if failure.plugin == "role_pair" && failure.message.contains("empty history returned") {
+        // What reached role_pair: the same chain with role_pair skipped.
+        let text = std::fs::read_to_string(&config.path)
+            .unwrap()
+            .replace("on_plugin_error = \"fail\"", "on_plugin_error = \"skip\"");
+        let reached = run(&TestConfig::new(&text), input)?;
+        let reached = array(run_json(&reached));
+        if !reached.is_empty() && !reached.iter().any(|m| matches!(role(m), "user" | "system")) {
+            return Ok(None);
+        }
+    }
+    Err(TestCaseError::fail(format!("the turn failed: {failure}")))
+}
+
 fn stage_events(run: &ChainRun, plugin: &str, kind: EventKind) -> usize {
     run.stages
         .iter()
@@ -265,7 +287,9 @@ proptest! {
     fn role_pair_output_suits_a_strict_provider_and_is_idempotent(input in history(), drop in prop::bool::weighted(0.3)) {
         let table = if drop { "[plugin.role_pair]\nmode = \"drop\"\n" } else { "" };
         let config = config(r#""default", "role_pair""#, table);
-        let out = run(&config, &input)?;
+        let Some(out) = run_unless_emptied(&config, &input)? else {
+            return Ok(());
+        };
         let input_json = array(json(&input));
         let output = array(run_json(&out));
         if let Some(violation) = strict_violation(&output) {
@@ -292,7 +316,9 @@ proptest! {
     #[test]
     fn the_chain_default_token_budget_role_pair_gives_a_valid_history(input in history(), (_budget, table) in budget_table()) {
         let config = config(r#""default", "token_budget", "role_pair""#, &table);
-        let out = run(&config, &input)?;
+        let Some(out) = run_unless_emptied(&config, &input)? else {
+            return Ok(());
+        };
         let output = array(run_json(&out));
         if let Some(violation) = strict_violation(&output) {
             return Err(TestCaseError::fail(format!("{violation}\noutput: {}", Value::Array(output.clone()))));
@@ -311,7 +337,9 @@ proptest! {
             r#""default", "tool_result_filter", "retention", "token_budget", "role_pair""#,
             &tables,
         );
-        let out = run(&config, &input)?;
+        let Some(out) = run_unless_emptied(&config, &input)? else {
+            return Ok(());
+        };
         let output = array(run_json(&out));
         if let Some(violation) = strict_violation(&output) {
             return Err(TestCaseError::fail(format!("{violation}\noutput: {}", Value::Array(output.clone()))));

@@ -272,8 +272,18 @@ fn a_history_with_no_user_message_comes_out_as_its_system_messages() {
         &out,
         r#"[{"role":"system","content":"s1"},{"role":"system","content":"s2"}]"#,
     );
-    let out = run(r#"[{"role":"assistant","content":"a"},{"role":"tool","tool_call_id":"x","content":"r"}]"#);
-    assert_json(&out, "[]");
+    // With no system message either, the repair leaves nothing: the host refuses an empty
+    // result for a non-empty history, so the turn fails under `fail` (and `skip` would
+    // pass the history on unrepaired).
+    let failure = config("")
+        .run(
+            "gpt-4o",
+            r#"[{"role":"assistant","content":"a"},{"role":"tool","tool_call_id":"x","content":"r"}]"#,
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(failure.plugin, "role_pair");
+    assert!(failure.message.contains("empty history returned"), "{failure}");
 }
 
 #[test]
