@@ -173,6 +173,7 @@ impl Service {
     pub fn open(options: &Options) -> Result<Arc<Service>, StartError> {
         let (config, _catalog, chain) =
             load_chain(&options.config_file).map_err(|e| StartError(e.to_string()))?;
+        history_engine::tokens::set_cache_entries(config.token_cache_entries);
         let store_path = options.store.clone().unwrap_or_else(|| config.store.clone());
         let metrics = Arc::new(Metrics::default());
         let store = TimedStore {
