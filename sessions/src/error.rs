@@ -17,6 +17,8 @@ pub enum ErrorKind {
     ShuttingDown,
     /// The store failed; nothing was stored.
     Store,
+    /// A resent conversation that does not extend the session's transcript. Nothing changed.
+    Conflict,
 }
 
 impl ErrorKind {
@@ -30,6 +32,7 @@ impl ErrorKind {
             ErrorKind::TooManySessions => "too_many_sessions",
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Store => "store_failed",
+            ErrorKind::Conflict => "transcript_conflict",
         }
     }
 }
