@@ -8,6 +8,7 @@
 pub mod fixtures;
 pub mod histories;
 pub mod server;
+pub mod upstream;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
