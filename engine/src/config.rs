@@ -20,6 +20,24 @@ pub const DEFAULT_STORE: &str = "sessions.db";
 pub const DEFAULT_MAX_BODY_MB: u64 = 64;
 /// `[history] plugin_timeout_ms` when the file does not say.
 pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 2000;
+/// `token_cache_entries` when omitted: item token counts remembered by content.
+pub const DEFAULT_TOKEN_CACHE_ENTRIES: u64 = 1 << 18;
+/// `[upstream] timeout_s` when omitted.
+pub const DEFAULT_UPSTREAM_TIMEOUT_S: u64 = 600;
+/// `[upstream] max_connections` when omitted.
+pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = 64;
+
+/// `[upstream]`: where the OpenAI-compatible proxy forwards chat completions
+/// (docs/proxy.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// The upstream's base URL, as an OpenAI client's `base_url` (`http://host:port/v1`).
+    pub url: String,
+    /// The longest wait for the upstream's answer to start, and between two of its chunks.
+    pub timeout_s: u64,
+    /// The most requests in flight to the upstream at once.
+    pub max_connections: u64,
+}
 
 /// `on_plugin_error` (SPEC §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +109,10 @@ pub struct Config {
     pub operator_token_file: Option<PathBuf>,
     /// `max_body_mb`: the largest HTTP request body the session service reads, in MiB.
     pub max_body_mb: u64,
+    /// `token_cache_entries`: how many item token counts the process remembers by content.
+    pub token_cache_entries: u64,
+    /// `[upstream]`: the proxy's upstream, if configured.
+    pub upstream: Option<UpstreamConfig>,
     pub agent_max_ctx: u64,
     /// `[history] chain`: its output is the working history, kept from turn to turn.
     pub chain: Vec<String>,
@@ -268,6 +290,8 @@ impl Config {
                 "store",
                 "operator_token_file",
                 "max_body_mb",
+                "token_cache_entries",
+                "upstream",
                 "history",
                 "models",
                 "plugin",
@@ -315,6 +339,48 @@ impl Config {
         let max_body_mb = reader
             .integer(root, "max_body_mb", "the top level", 1)?
             .unwrap_or(DEFAULT_MAX_BODY_MB);
+        let token_cache_entries = reader
+            .integer(root, "token_cache_entries", "the top level", 0)?
+            .unwrap_or(DEFAULT_TOKEN_CACHE_ENTRIES);
+        let upstream = match reader.table(root, "upstream", "the top level")? {
+            None => None,
+            Some(table) => {
+                let place = "[upstream]";
+                reader.refuse_unknown(table, place, &["url", "timeout_s", "max_connections"])?;
+                let url = match reader.string(table, "url", place)? {
+                    Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                        url.trim_end_matches('/').to_string()
+                    }
+                    Some(url) => {
+                        return Err(reader.key_error(
+                            table,
+                            "url",
+                            format!(
+                                "`url` in {place} must be an http:// or https:// URL, found \"{}\"",
+                                echo::bare(url)
+                            ),
+                        ))
+                    }
+                    None => {
+                        return Err(reader.error(
+                            table.span(),
+                            format!(
+                            "{place} needs `url` (the upstream's base URL, e.g. http://127.0.0.1:8000/v1)"
+                        ),
+                        ))
+                    }
+                };
+                Some(UpstreamConfig {
+                    url,
+                    timeout_s: reader
+                        .integer(table, "timeout_s", place, 1)?
+                        .unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_S),
+                    max_connections: reader
+                        .integer(table, "max_connections", place, 1)?
+                        .unwrap_or(DEFAULT_UPSTREAM_MAX_CONNECTIONS),
+                })
+            }
+        };
 
         let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error) = (
             DEFAULT_AGENT_MAX_CTX,
@@ -439,6 +505,8 @@ impl Config {
             store,
             operator_token_file,
             max_body_mb,
+            token_cache_entries,
+            upstream,
             agent_max_ctx,
             chain,
             view,
@@ -710,6 +778,57 @@ mod tests {
         );
         let err = parse("[history]\nplugin_timeout_ms = \"2s\"\n").unwrap_err();
         assert_eq!(err.line, Some(2));
+    }
+
+    #[test]
+    fn the_upstream_and_the_token_cache_are_read_and_checked() {
+        let config = parse("").unwrap();
+        assert_eq!(config.upstream, None);
+        assert_eq!(config.token_cache_entries, DEFAULT_TOKEN_CACHE_ENTRIES);
+        let config =
+            parse("token_cache_entries = 0\n[upstream]\nurl = \"http://127.0.0.1:8000/v1/\"\n").unwrap();
+        assert_eq!(config.token_cache_entries, 0);
+        assert_eq!(
+            config.upstream,
+            Some(UpstreamConfig {
+                url: "http://127.0.0.1:8000/v1".to_string(),
+                timeout_s: DEFAULT_UPSTREAM_TIMEOUT_S,
+                max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+            })
+        );
+        let config =
+            parse("[upstream]\nurl = \"http://u/v1\"\ntimeout_s = 5\nmax_connections = 8\n").unwrap();
+        let upstream = config.upstream.unwrap();
+        assert_eq!((upstream.timeout_s, upstream.max_connections), (5, 8));
+        for (text, line, words) in [
+            (
+                "[upstream]\nurl = \"http://u\"\ntimeout = 5\n",
+                3,
+                "unknown key `timeout` in [upstream]",
+            ),
+            (
+                "[upstream]\nurl = \"http://u\"\ntimeout_s = 0\n",
+                3,
+                "`timeout_s` in [upstream] must be an integer ≥ 1",
+            ),
+            (
+                "\n[upstream]\nurl = \"ftp://u\"\n",
+                3,
+                "must be an http:// or https:// URL",
+            ),
+            (
+                "[upstream]\nmax_connections = 0\nurl = \"http://u\"\n",
+                2,
+                "`max_connections`",
+            ),
+            ("token_cache_entries = -1\n", 1, "`token_cache_entries`"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert_eq!(err.line, Some(line), "{text}: {err}");
+            assert!(err.message.contains(words), "{text}: {err}");
+        }
+        let err = parse("[upstream]\ntimeout_s = 5\n").unwrap_err();
+        assert!(err.message.contains("[upstream] needs `url`"), "{err}");
     }
 
     #[test]

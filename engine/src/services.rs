@@ -14,7 +14,7 @@ use plugin_api::{HostServices, HostServicesRef, Message, Tokenizer};
 use crate::{logging, tokens};
 
 extern "C" fn count_text(tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
-    tokens::count_text(tokenizer, text.as_str())
+    tokens::count_item(tokenizer, text.as_str())
 }
 
 extern "C" fn count_content(tokenizer: Tokenizer, message: &Message) -> u64 {

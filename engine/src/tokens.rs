@@ -50,7 +50,9 @@ pub fn count_text(tokenizer: Tokenizer, text: &str) -> u64 {
     }
 }
 
-/// Token counts of item texts by content: (tokenizer, byte length, hash) → tokens.
+/// Token counts of item texts by content: (tokenizer, byte length, hash) → tokens. Every
+/// non-empty item goes through it (hashing a short item costs less than tokenizing it),
+/// so a resent conversation, parsed anew, tokenizes nothing it sent before.
 /// Counts by content are true for every session, so the cache is process-wide; it is
 /// split into shards by hash, so sessions counting at once on several threads rarely
 /// wait for each other. Bounded: a full shard starts over, which costs at most one more
@@ -59,10 +61,47 @@ struct ItemCache {
     counts: HashMap<(Tokenizer, usize, u64), u64, BuildHasherDefault<FxHasher>>,
 }
 
-/// Items shorter than this are tokenized directly: hashing would cost about as much.
-const CACHED_ITEM_MIN_BYTES: usize = 32;
 const ITEM_CACHE_SHARDS: usize = 16;
-const ITEM_CACHE_ENTRIES_PER_SHARD: usize = (1 << 18) / ITEM_CACHE_SHARDS;
+
+/// Entries the content cache holds in all (`token_cache_entries`); 0 turns it off.
+static ITEM_CACHE_ENTRIES: AtomicU64 = AtomicU64::new(crate::config::DEFAULT_TOKEN_CACHE_ENTRIES);
+static ITEM_CACHE_HITS: AtomicU64 = AtomicU64::new(0);
+static ITEM_CACHE_MISSES: AtomicU64 = AtomicU64::new(0);
+
+/// Sets how many item counts the content cache holds (`token_cache_entries`); a process
+/// sets it once at start. 0 turns the cache off.
+pub fn set_cache_entries(entries: u64) {
+    ITEM_CACHE_ENTRIES.store(entries, Ordering::Relaxed);
+}
+
+/// The content cache's figures: what it can hold, what it holds, and its hits and misses
+/// since the process started (a miss is one item tokenized).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub capacity: u64,
+    pub entries: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// The content cache's figures now.
+pub fn cache_stats() -> CacheStats {
+    let entries = (0..ITEM_CACHE_SHARDS)
+        .map(|shard| {
+            item_cache((shard as u64) << 60)
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .counts
+                .len() as u64
+        })
+        .sum();
+    CacheStats {
+        capacity: ITEM_CACHE_ENTRIES.load(Ordering::Relaxed),
+        entries,
+        hits: ITEM_CACHE_HITS.load(Ordering::Relaxed),
+        misses: ITEM_CACHE_MISSES.load(Ordering::Relaxed),
+    }
+}
 
 /// The shard of the cache that holds `hash`.
 fn item_cache(hash: u64) -> &'static Mutex<ItemCache> {
@@ -80,20 +119,25 @@ fn item_cache(hash: u64) -> &'static Mutex<ItemCache> {
     &shards[(hash >> 60) as usize % ITEM_CACHE_SHARDS]
 }
 
-/// Tokens of one item, through the content cache for the BPE tokenizers.
-fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
-    if tokenizer == Tokenizer::Chars4 || text.len() < CACHED_ITEM_MIN_BYTES {
+/// Tokens of one item, through the content cache for the BPE tokenizers (what plugins
+/// count through the host services goes through it too).
+pub(crate) fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
+    let capacity = ITEM_CACHE_ENTRIES.load(Ordering::Relaxed);
+    if tokenizer == Tokenizer::Chars4 || text.is_empty() || capacity == 0 {
         return count_text(tokenizer, text);
     }
     let hash = BuildHasherDefault::<FxHasher>::default().hash_one(text);
     let key = (tokenizer, text.len(), hash);
     let cache = item_cache(hash);
     if let Some(&count) = cache.lock().unwrap_or_else(|e| e.into_inner()).counts.get(&key) {
+        ITEM_CACHE_HITS.fetch_add(1, Ordering::Relaxed);
         return count;
     }
+    ITEM_CACHE_MISSES.fetch_add(1, Ordering::Relaxed);
     let count = count_text(tokenizer, text);
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if cache.counts.len() >= ITEM_CACHE_ENTRIES_PER_SHARD {
+    let per_shard = (capacity as usize).div_ceil(ITEM_CACHE_SHARDS);
+    if cache.counts.len() >= per_shard {
         cache.counts.clear();
     }
     cache.counts.insert(key, count);

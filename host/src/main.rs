@@ -90,6 +90,11 @@ enum Command {
         /// The session store (overrides the configuration's `store`).
         #[arg(long, value_name = "PATH")]
         store: Option<PathBuf>,
+        /// Also serve the OpenAI-compatible proxy (docs/proxy.md), forwarding chat
+        /// completions to this base URL (overrides `[upstream] url`), e.g.
+        /// http://127.0.0.1:8000/v1.
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
     },
     /// A session in the terminal on the embedded store, no server: each line is a user
     /// message and runs a turn (see docs/cli.md).
@@ -132,12 +137,14 @@ fn main() -> ExitCode {
             config,
             listen,
             store,
+            upstream,
         } => {
             init_logging();
             let served = history_server::serve(history_server::ServeOptions {
                 config_file: config,
                 listen,
                 store,
+                upstream,
             });
             return finish(served.map_err(|message| Failure { status: 3, message }));
         }

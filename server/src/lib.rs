@@ -6,6 +6,7 @@
 //! before they are read whole.
 
 mod auth;
+mod proxy;
 mod routes;
 
 use std::net::SocketAddr;
@@ -25,6 +26,8 @@ pub struct ServeOptions {
     pub config_file: PathBuf,
     pub listen: Option<SocketAddr>,
     pub store: Option<PathBuf>,
+    /// `--upstream URL`: the proxy's upstream, over `[upstream] url` (docs/proxy.md).
+    pub upstream: Option<String>,
 }
 
 /// Runs the service until SIGTERM or Ctrl-C: then it stops accepting, lets running
@@ -66,10 +69,39 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             config.file.display()
         ));
     }
+    let upstream = match (&options.upstream, &config.upstream) {
+        (Some(url), configured) => Some(history_engine::config::UpstreamConfig {
+            url: url.trim_end_matches('/').to_string(),
+            ..configured
+                .clone()
+                .unwrap_or(history_engine::config::UpstreamConfig {
+                    url: String::new(),
+                    timeout_s: history_engine::config::DEFAULT_UPSTREAM_TIMEOUT_S,
+                    max_connections: history_engine::config::DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+                })
+        }),
+        (None, configured) => configured.clone(),
+    };
+    let upstream = match upstream {
+        Some(upstream) => {
+            if !upstream.url.starts_with("http://") && !upstream.url.starts_with("https://") {
+                return Err(format!(
+                    "--upstream {}: expected an http:// URL (the upstream's base URL, e.g. http://127.0.0.1:8000/v1)",
+                    upstream.url
+                ));
+            }
+            Some(Arc::new(proxy::Upstream::new(&upstream)?))
+        }
+        None => None,
+    };
+    if let Some(upstream) = &upstream {
+        tracing::info!("proxying /v1/chat/completions to {}", upstream.url());
+    }
     let app = routes::router(
         routes::App {
             service: service.clone(),
             token: token.map(Arc::from),
+            upstream,
         },
         config.max_body_mb,
     );

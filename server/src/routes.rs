@@ -22,6 +22,8 @@ use crate::auth::{self, Denied};
 pub struct App {
     pub service: Arc<Service>,
     pub token: Option<Arc<str>>,
+    /// The proxy's upstream (docs/proxy.md), when one is configured.
+    pub upstream: Option<Arc<crate::proxy::Upstream>>,
 }
 
 /// The largest transcript page.
@@ -39,6 +41,8 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         .route("/v1/sessions/{id}/transcript", get(transcript))
         .route("/v1/sessions/{id}/expand", post(expand))
         .route("/v1/chain", get(chain))
+        .route("/v1/chat/completions", post(crate::proxy::chat_completions))
+        .route("/v1/models", get(crate::proxy::models))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
@@ -105,7 +109,7 @@ impl From<SessionError> for ApiError {
         let status = match e.kind {
             ErrorKind::BadInput => StatusCode::BAD_REQUEST,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
-            ErrorKind::Busy => StatusCode::CONFLICT,
+            ErrorKind::Busy | ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::PluginFailed => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorKind::TooManySessions => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,

@@ -20,6 +20,8 @@ pub enum ErrorKind {
     /// The store cannot be reached now (a database server down); nothing was stored, and
     /// the same request may succeed later.
     StoreUnavailable,
+    /// A resent conversation that does not extend the session's transcript. Nothing changed.
+    Conflict,
 }
 
 impl ErrorKind {
@@ -34,6 +36,7 @@ impl ErrorKind {
             ErrorKind::ShuttingDown => "shutting_down",
             ErrorKind::Store => "store_failed",
             ErrorKind::StoreUnavailable => "store_unavailable",
+            ErrorKind::Conflict => "transcript_conflict",
         }
     }
 }

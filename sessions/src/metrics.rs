@@ -172,6 +172,39 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE history_tokens_total counter");
         let _ = writeln!(out, "history_tokens_total{{direction=\"in\"}} {}", m.tokens_in);
         let _ = writeln!(out, "history_tokens_total{{direction=\"out\"}} {}", m.tokens_out);
+        let cache = history_engine::tokens::cache_stats();
+        let _ = writeln!(
+            out,
+            "# HELP history_tokens_counted_bytes_total Bytes handed to a tokenizer (not answered by a cache)."
+        );
+        let _ = writeln!(out, "# TYPE history_tokens_counted_bytes_total counter");
+        let _ = writeln!(
+            out,
+            "history_tokens_counted_bytes_total {}",
+            history_engine::tokens::bytes_tokenized()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP history_token_cache_lookups_total Item token counts looked up by content, by result."
+        );
+        let _ = writeln!(out, "# TYPE history_token_cache_lookups_total counter");
+        let _ = writeln!(
+            out,
+            "history_token_cache_lookups_total{{result=\"hit\"}} {}",
+            cache.hits
+        );
+        let _ = writeln!(
+            out,
+            "history_token_cache_lookups_total{{result=\"miss\"}} {}",
+            cache.misses
+        );
+        let _ = writeln!(
+            out,
+            "# HELP history_token_cache_entries Item token counts held by content (token_cache_entries is the most)."
+        );
+        let _ = writeln!(out, "# TYPE history_token_cache_entries gauge");
+        let _ = writeln!(out, "history_token_cache_entries {}", cache.entries);
+        let _ = writeln!(out, "history_token_cache_capacity {}", cache.capacity);
         let _ = writeln!(out, "# HELP history_sessions_live Live sessions.");
         let _ = writeln!(out, "# TYPE history_sessions_live gauge");
         let _ = writeln!(out, "history_sessions_live {sessions_live}");

@@ -231,6 +231,7 @@ impl Service {
     pub fn open(options: &Options) -> Result<Arc<Service>, StartError> {
         let (config, _catalog, chain) =
             load_chain(&options.config_file).map_err(|e| StartError(e.to_string()))?;
+        history_engine::tokens::set_cache_entries(config.token_cache_entries);
         let store_path = options.store.clone().unwrap_or_else(|| config.store.clone());
         let metrics = Arc::new(Metrics::default());
         let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
@@ -598,12 +599,31 @@ impl Service {
 
     /// One turn (docs/sessions.md#a-turn).
     pub async fn turn(self: &Arc<Self>, id: &str, input: TurnInput) -> Result<TurnOutcome, SessionError> {
+        self.counted_turn(id, move |session, env| session.turn(env, input))
+            .await
+    }
+
+    /// A turn given as the whole conversation, as an OpenAI client resends it
+    /// (docs/proxy.md): `messages` must begin with the session's transcript, and the rest
+    /// are the turn's new messages. One that does not extend the transcript is a
+    /// [`ErrorKind::Conflict`] naming the first message that differs.
+    pub async fn turn_resent(
+        self: &Arc<Self>,
+        id: &str,
+        messages: Vec<Value>,
+        model: Option<String>,
+    ) -> Result<TurnOutcome, SessionError> {
+        self.counted_turn(id, move |session, env| session.turn_resent(env, messages, model))
+            .await
+    }
+
+    async fn counted_turn<F>(self: &Arc<Self>, id: &str, f: F) -> Result<TurnOutcome, SessionError>
+    where
+        F: FnOnce(&mut Session, &Env<'_>) -> Result<TurnOutcome, SessionError> + Send + 'static,
+    {
         let started = Instant::now();
         let result = match self.refuse_if_shutting_down() {
-            Ok(()) => {
-                self.with_session(id, move |session, env| session.turn(env, input))
-                    .await
-            }
+            Ok(()) => self.with_session(id, f).await,
             Err(e) => Err(e),
         };
         match &result {
@@ -958,7 +978,7 @@ fn new_slot(info: SessionInfo, session: Option<Session>) -> Slot {
 impl ErrorKind {
     fn code_for_metrics(self) -> &'static str {
         match self {
-            ErrorKind::BadInput => "bad_input",
+            ErrorKind::BadInput | ErrorKind::Conflict => "bad_input",
             ErrorKind::PluginFailed => "plugin_failed",
             ErrorKind::Busy => "busy",
             ErrorKind::NotFound => "not_found",

@@ -293,6 +293,58 @@ impl Session {
         })
     }
 
+    /// A turn given as the whole conversation (docs/proxy.md): the transcript must be a
+    /// prefix of `messages`, compared as JSON values with the host's stamps aside; the
+    /// rest are the turn's new messages.
+    pub fn turn_resent(
+        &mut self,
+        env: &Env<'_>,
+        messages: Vec<Value>,
+        model: Option<String>,
+    ) -> Result<TurnOutcome, SessionError> {
+        let known = self.row.transcript_len;
+        if (messages.len() as u64) <= known {
+            return Err(SessionError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "the request has {} messages and adds none to the session's {known}: \
+                     send the whole conversation with the new messages at its end",
+                    messages.len()
+                ),
+            ));
+        }
+        let transcript = env.store.transcript(&self.row.id, 1, known.max(1))?;
+        for (index, row) in transcript.iter().enumerate() {
+            let stored: Value = serde_json::from_str(&row.message).map_err(|e| {
+                SessionError::new(ErrorKind::Store, format!("stored message is not JSON: {e}"))
+            })?;
+            if without_stamps(stored) != without_stamps(messages[index].clone()) {
+                return Err(SessionError::new(
+                    ErrorKind::Conflict,
+                    format!(
+                        "messages[{index}] differs from the session's transcript (message {}): \
+                         a request must resend the conversation so far unchanged",
+                        row.seq
+                    ),
+                ));
+            }
+        }
+        let mut entering = Vec::with_capacity(messages.len() - transcript.len());
+        for (index, value) in messages.iter().enumerate().skip(transcript.len()) {
+            let message = parse_message(value)
+                .map_err(|e| SessionError::bad_input(format!("messages[{index}]: {e}")))?;
+            entering.push(RArc::new(message));
+        }
+        self.turn(
+            env,
+            TurnInput {
+                messages: entering,
+                model,
+                context: Vec::new(),
+            },
+        )
+    }
+
     /// A model switch (docs/sessions.md#model-switch): `on_model_switch` on every stage,
     /// its result stored as the working history, `effective_ctx` recomputed.
     pub fn switch_model(&mut self, env: &Env<'_>, name: &str) -> Result<SwitchOutcome, SessionError> {
@@ -477,6 +529,22 @@ struct WorkingUpdate {
     refs: Vec<WorkingRef>,
     new_copies: Vec<CopyRow>,
     dropped: Vec<u64>,
+}
+
+/// A message's JSON value without the stamps the host adds when it enters a session
+/// (`metadata.id`, `timestamp`, `turn_added`); an emptied `metadata` goes too.
+fn without_stamps(mut value: Value) -> Value {
+    if let Some(object) = value.as_object_mut() {
+        if let Some(Value::Object(meta)) = object.get_mut("metadata") {
+            for stamp in ["id", "timestamp", "turn_added"] {
+                meta.remove(stamp);
+            }
+            if meta.is_empty() {
+                object.remove("metadata");
+            }
+        }
+    }
+    value
 }
 
 fn plugin_failed(failure: history_engine::PluginFailure) -> SessionError {

@@ -9,6 +9,7 @@ pub mod fixtures;
 pub mod histories;
 pub mod server;
 pub mod store;
+pub mod upstream;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

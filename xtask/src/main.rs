@@ -77,7 +77,8 @@ fn main() -> ExitCode {
 const USAGE: &str = "
 usage: cargo xtask <task>
   build [--release]           build the host and every plugin; install plugins into target/plugins
-  test [ARGS...]              build (debug), then run every test: cargo test --workspace ARGS...
+  test [ARGS...]              build (debug), make target/py (a virtualenv with the openai
+                              client) if missing, then run every test: cargo test --workspace ARGS...
   new-plugin NAME [--dir DIR] scaffold a plugin crate in plugins/NAME (or standalone in DIR)
   gen-history [--turns N] [--seed S]
                               print a generated agent history (JSON array) to stdout
@@ -136,10 +137,28 @@ fn build(root: &Path, profile: Profile) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     let root = workspace::current_root()?;
     build(&root, Profile::Dev)?;
+    python_env(&Metadata::load(&root)?.target_dir)?;
     run(cargo()
         .current_dir(&root)
         .args(["test", "--workspace"])
         .args(args))
+}
+
+/// The Python the proxy's tests drive the real `openai` client with: a virtualenv in
+/// `target/py`, created (and `openai` installed into it) only when it is missing.
+fn python_env(target_dir: &Path) -> Result<()> {
+    let venv = target_dir.join("py");
+    let python = venv.join("bin").join("python");
+    let ready = Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ready {
+        return Ok(());
+    }
+    eprintln!("xtask: creating {} with the openai client", venv.display());
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "openai"]))
 }
 
 fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {

@@ -22,6 +22,7 @@ mod host_services;
 mod metrics;
 mod process_cli;
 mod properties;
+mod proxy;
 mod retention;
 mod role_pair;
 mod scaffold;

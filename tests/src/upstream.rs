@@ -1,0 +1,241 @@
+//! A stand-in OpenAI-compatible upstream for the proxy's tests: a small HTTP/1.1 server on
+//! a free loopback port, one thread per connection, that records every request (headers
+//! and body) and answers a chat completion plainly, or, for `"stream": true`, as
+//! server-sent events written one at a time with a gap between them. A request whose
+//! `model` is `"slow"` gets no answer for `slow` (past the proxy's timeout). The time each
+//! streamed chunk was written is recorded (seconds since the Unix epoch), so a test can
+//! show a client got a chunk before the upstream finished.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+/// One request the upstream received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// Header names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+/// The running stand-in; it stops accepting when dropped.
+pub struct Upstream {
+    pub addr: String,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    /// When each streamed chunk was written, per streamed request.
+    pub chunk_times: Arc<Mutex<Vec<Vec<f64>>>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// How the stand-in answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Behaviour {
+    /// Chunks of a streamed answer.
+    pub chunks: usize,
+    /// The gap between two streamed chunks.
+    pub gap: Duration,
+    /// How long a `"model": "slow"` request waits before its answer.
+    pub slow: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            chunks: 5,
+            gap: Duration::from_millis(300),
+            slow: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The plain answer's body for a request on `model`.
+pub fn completion(model: &str, content: &str) -> Value {
+    json!({
+        "id": "chatcmpl-standin",
+        "object": "chat.completion",
+        "created": 1_700_000_000u64,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "finish_reason": "stop"
+        }],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    })
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+impl Upstream {
+    pub fn start(behaviour: Behaviour) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let upstream = Upstream {
+            addr,
+            received: Arc::default(),
+            chunk_times: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (received, times, stop) = (
+            upstream.received.clone(),
+            upstream.chunk_times.clone(),
+            upstream.stop.clone(),
+        );
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { continue };
+                let (received, times) = (received.clone(), times.clone());
+                std::thread::spawn(move || {
+                    let _ = serve(stream, behaviour, &received, &times);
+                });
+            }
+        });
+        upstream
+    }
+
+    /// The base URL a client would use: `http://ADDR/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(&self.addr);
+    }
+}
+
+/// Answers requests on one connection until the client closes it.
+fn serve(
+    stream: TcpStream,
+    behaviour: Behaviour,
+    received: &Mutex<Vec<Received>>,
+    times: &Mutex<Vec<Vec<f64>>>,
+) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut stream = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("").to_string();
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line)?;
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+            }
+        }
+        let length = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body)?;
+        let request = Received {
+            method,
+            path,
+            headers,
+            body,
+        };
+        received.lock().unwrap().push(request.clone());
+        if request.path.ends_with("/models") {
+            let body = json!({"object": "list", "data": [{"id": "gpt-4o", "object": "model", "created": 0, "owned_by": "standin"}]}).to_string();
+            write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            continue;
+        }
+        let value: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let model = value["model"].as_str().unwrap_or("").to_string();
+        if model == "slow" {
+            std::thread::sleep(behaviour.slow);
+        }
+        let content = format!(
+            "answer to {} messages",
+            value["messages"].as_array().map_or(0, Vec::len)
+        );
+        if value["stream"] == true {
+            stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+            )?;
+            let mut written = Vec::new();
+            for i in 0..behaviour.chunks {
+                if i > 0 {
+                    std::thread::sleep(behaviour.gap);
+                }
+                let finish = if i + 1 == behaviour.chunks {
+                    json!("stop")
+                } else {
+                    Value::Null
+                };
+                let chunk = json!({
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion.chunk",
+                    "created": 1_700_000_000u64,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": {"content": format!("part{i} ")}, "finish_reason": finish}]
+                });
+                stream.write_all(format!("data: {chunk}\n\n").as_bytes())?;
+                stream.flush()?;
+                written.push(now());
+            }
+            stream.write_all(b"data: [DONE]\n\n")?;
+            stream.flush()?;
+            written.push(now());
+            times.lock().unwrap().push(written);
+            return Ok(());
+        }
+        let body = completion(&model, &content).to_string();
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Standin: yes\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        stream.flush()?;
+    }
+}
