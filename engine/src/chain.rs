@@ -29,6 +29,8 @@ pub struct Chain {
     pub stages: Vec<Stage>,
     pub view: Vec<Stage>,
     pub on_error: OnPluginError,
+    /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
+    pub required: Vec<String>,
 }
 
 /// Which entry point a run calls.
@@ -160,6 +162,7 @@ impl Chain {
             stages,
             view,
             on_error: config.on_plugin_error,
+            required: config.required.clone(),
         })
     }
 
@@ -196,6 +199,7 @@ impl Chain {
             stages,
             view: Vec::new(),
             on_error: config.on_plugin_error,
+            required: Vec::new(),
         })
     }
 
@@ -204,13 +208,18 @@ impl Chain {
         self.stages.iter().map(|s| s.name.as_str()).collect()
     }
 
+    /// Whether `name` is required: its fault fails the turn whatever `on_error` says.
+    pub fn is_required(&self, name: &str) -> bool {
+        self.required.iter().any(|n| n == name)
+    }
+
     /// The view's plugin names, in order.
     pub fn view_names(&self) -> Vec<&str> {
         self.view.iter().map(|s| s.name.as_str()).collect()
     }
 
     /// Runs every plugin in order, checking each output (§4.3) and handling faults by
-    /// `on_plugin_error` (§4.4). Message turns and identities are derived once, here,
+    /// `on_plugin_error` and `required`. Message turns and identities are derived once, here,
     /// before the first plugin (§2.3).
     pub fn run(
         &self,
@@ -323,6 +332,14 @@ impl Chain {
                 log_events(&stage.name, &report.events);
             }
             Err(message) => match self.on_error {
+                // A required plugin's fault fails the turn even under "skip": what it
+                // guards (a redaction, say) must never be passed on without it.
+                _ if self.is_required(&stage.name) => {
+                    return Err(PluginFailure {
+                        plugin: stage.name.clone(),
+                        message: format!("{message} (a required plugin: the turn fails)"),
+                    })
+                }
                 OnPluginError::Fail => {
                     return Err(PluginFailure {
                         plugin: stage.name.clone(),

@@ -95,6 +95,9 @@ pub struct Config {
     /// `[history] view`: run after the chain on what is sent this turn; never kept.
     pub view: Vec<String>,
     pub on_plugin_error: OnPluginError,
+    /// `[history] required`: plugins whose fault fails the turn even under
+    /// `on_plugin_error = "skip"` (each one in the chain or the view).
+    pub required: Vec<String>,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
     /// `[plugin.*]` in file order.
@@ -307,18 +310,19 @@ impl Config {
             .integer(root, "max_body_mb", "the top level", 1)?
             .unwrap_or(DEFAULT_MAX_BODY_MB);
 
-        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error) = (
+        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error, mut required) = (
             DEFAULT_AGENT_MAX_CTX,
             vec!["default".to_string()],
             Vec::new(),
             OnPluginError::Skip,
+            Vec::new(),
         );
         if let Some(history) = reader.table(root, "history", "the top level")? {
             let place = "[history]";
             reader.refuse_unknown(
                 history,
                 place,
-                &["agent_max_ctx", "chain", "view", "on_plugin_error"],
+                &["agent_max_ctx", "chain", "view", "on_plugin_error", "required"],
             )?;
             agent_max_ctx = reader
                 .integer(history, "agent_max_ctx", place, 1)?
@@ -358,6 +362,18 @@ impl Config {
                     ))
                 }
             };
+            if let Some(item) = history.get("required") {
+                required = parse_plugin_list(&reader, history, "required", item)?;
+                if let Some(name) = required.iter().find(|n| !chain.contains(n) && !view.contains(n)) {
+                    return Err(reader.key_error(
+                        history,
+                        "required",
+                        format!(
+                            "plugin \"{name}\" in `required` is in neither the chain nor the view: a required plugin must run"
+                        ),
+                    ));
+                }
+            }
         }
 
         let mut models = Vec::new();
@@ -424,6 +440,7 @@ impl Config {
             chain,
             view,
             on_plugin_error,
+            required,
             models,
             plugins,
             source,
@@ -431,8 +448,6 @@ impl Config {
         })
     }
 
-    /// The settings a call on model `name` gets (SPEC §4.1): the listed table, keys it
-    /// lacks from `[models.default]`, then the built-in defaults.
     /// Where plugin `name` runs, if it is in the chain or the view.
     pub fn place_of(&self, name: &str) -> Option<Place> {
         let find = |names: &[String], view| {
@@ -444,6 +459,14 @@ impl Config {
         find(&self.chain, false).or_else(|| find(&self.view, true))
     }
 
+    /// Whether plugin `name` is in `[history] required`: its fault fails the turn
+    /// whatever `on_plugin_error` says.
+    pub fn is_required(&self, name: &str) -> bool {
+        self.required.iter().any(|n| n == name)
+    }
+
+    /// The settings a call on model `name` gets: the listed table, keys it lacks from
+    /// `[models.default]`, then the built-in defaults.
     pub fn model(&self, name: &str) -> ModelInfo {
         let table = |n: &str| self.models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
         let listed = table(name);
@@ -721,6 +744,30 @@ mod tests {
         let err = refused("[history]\nview = \"role_pair\"\n");
         assert!(
             err.message.contains("`view` in [history] must be an array"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn required_plugins_must_run() {
+        let config =
+            parse("[history]\nchain = [\"default\", \"a\"]\nview = [\"v\"]\nrequired = [\"a\", \"v\"]\n")
+                .unwrap();
+        assert_eq!(config.required, ["a", "v"]);
+        assert!(config.is_required("a") && !config.is_required("default"));
+        assert!(parse("").unwrap().required.is_empty());
+        let err = parse("[history]\nchain = [\"default\", \"a\"]\n\nrequired = [\"b\"]\n").unwrap_err();
+        assert_eq!(err.line, Some(4));
+        assert!(
+            err.message
+                .contains("plugin \"b\" in `required` is in neither the chain nor the view"),
+            "{err}"
+        );
+        let err = parse("[history]\nrequired = [\"default\", \"default\"]\n").unwrap_err();
+        assert!(err.message.contains("listed twice in the required"), "{err}");
+        let err = parse("[history]\nrequired = \"default\"\n").unwrap_err();
+        assert!(
+            err.message.contains("`required` in [history] must be an array"),
             "{err}"
         );
     }
