@@ -8,7 +8,7 @@ use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
 };
 
-use crate::check::{check_faults, check_output, is_passthrough, is_selection};
+use crate::check::check_stage;
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::loader::{Catalog, PluginLibrary, Unavailable};
 use crate::{logging, services, tokens, turns};
@@ -295,19 +295,10 @@ impl Chain {
         let started = Instant::now();
         let history = &state.history;
         let result = logging::with_plugin(&stage.name, || stage.call(history, ctx, call));
+        // Identities are unique here (assign_origins), as check_stage requires.
         let checked = result.and_then(|output| {
-            if is_passthrough(history, &output.history) {
-                return Ok((output, state.faults));
-            }
-            // Identities are unique here (assign_origins), so a plain selection needs
-            // only the structural check, not the full one that hashes the input.
-            let output_faults = if is_selection(history, &output.history) {
-                check_faults(&output.history, state.faults)
-            } else {
-                check_output(history, state.faults, &output.history)
-            }
-            .map_err(|e| format!("invalid output: {e}"))?;
-            Ok((output, output_faults.count()))
+            let output_faults = check_stage(history, state.faults, &output.history)?;
+            Ok((output, output_faults))
         });
         let mut report = StageReport {
             plugin: stage.name.clone(),
