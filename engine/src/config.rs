@@ -485,6 +485,38 @@ impl Config {
         }
     }
 
+    /// A warning when a call asks for model `name` and the file does not list it: which
+    /// settings it gets instead. `None` for a listed model, and for `default` itself (what
+    /// a call that names no model gets).
+    pub fn unlisted_model(&self, name: &str) -> Option<String> {
+        if name == "default" || self.models.iter().any(|(n, _)| n == name) {
+            return None;
+        }
+        let fallback = if self.models.iter().any(|(n, _)| n == "default") {
+            "[models.default]".to_string()
+        } else {
+            format!(
+                "the built-in settings (max_context = agent_max_ctx = {}, context_tokens = {DEFAULT_CONTEXT_TOKENS}, tokenizer = {})",
+                self.agent_max_ctx,
+                DEFAULT_TOKENIZER.as_str()
+            )
+        };
+        Some(format!(
+            "model {} is not listed in {} (listed: {}): it gets {fallback}",
+            echo::quoted(name),
+            self.file.display(),
+            if self.models.is_empty() {
+                "none".to_string()
+            } else {
+                self.models
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ))
+    }
+
     /// Every listed model plus `default` (what an unlisted model gets): what plugins
     /// check model-dependent values against at load.
     pub fn models_for_validation(&self) -> Vec<ModelInfo> {
@@ -700,6 +732,19 @@ mod tests {
             (10, Tokenizer::Cl100kBase)
         );
         assert_eq!(config.model("unlisted").context_tokens, 5000);
+        assert_eq!(config.unlisted_model("big"), None);
+        assert_eq!(config.unlisted_model("default"), None);
+        let warning = config.unlisted_model("gpt-x").unwrap();
+        assert!(
+            warning.contains("model \"gpt-x\" is not listed")
+                && warning.ends_with("it gets [models.default]"),
+            "{warning}"
+        );
+        let bare = parse("").unwrap().unlisted_model("gpt-x").unwrap();
+        assert!(
+            bare.contains("listed: none): it gets the built-in settings"),
+            "{bare}"
+        );
     }
 
     #[test]
