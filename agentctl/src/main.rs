@@ -81,6 +81,11 @@ enum Command {
         #[arg(value_name = "MINUTES", allow_hyphen_values = true)]
         minutes: String,
     },
+    /// Mark a plugin of the chain or the view as required: its fault fails the turn even
+    /// under on_plugin_error = "skip".
+    HistoryRequire { name: String },
+    /// Remove a plugin from [history] required.
+    HistoryUnrequire { name: String },
     /// Every plugin library in plugin_dir: name, version, file, whether it loads, whether
     /// it is enabled.
     Plugins,
@@ -187,6 +192,8 @@ fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
             name,
             to: position(number(&to, "history-chain-move POS")?),
         },
+        Command::HistoryRequire { name } => Edit::Require { name },
+        Command::HistoryUnrequire { name } => Edit::Unrequire { name },
         Command::HistoryMaxctx { n } => Edit::MaxCtx(number(&n, "history-maxctx N")?),
         Command::MaxUsers { n } => Edit::MaxUsers(number(&n, "max-users N")?),
         Command::SessionTimeout { minutes } => {

@@ -71,6 +71,7 @@ pub fn history_list(
                 "description": summary,
                 "available": problem.is_none(),
                 "problem": problem,
+                "required": config.is_required(name),
             }));
         }
         entries
@@ -88,6 +89,15 @@ pub fn history_list(
     let _ = writeln!(text, "max_users: {}", config.max_users);
     let _ = writeln!(text, "session_idle_timeout_minutes: {timeout}");
     let _ = writeln!(text, "on_plugin_error: {}", config.on_plugin_error.as_str());
+    let _ = writeln!(
+        text,
+        "required (a fault fails the turn even under skip): {}",
+        if config.required.is_empty() {
+            "(none)".to_string()
+        } else {
+            config.required.join(", ")
+        }
+    );
     let _ = writeln!(text, "models:");
     let mut models_json = Vec::new();
     let models = config.models_for_validation();
@@ -156,6 +166,7 @@ pub fn history_list(
         "max_users": config.max_users,
         "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
         "on_plugin_error": config.on_plugin_error.as_str(),
+        "required": config.required,
         "models": models_json,
         "available": available_json,
         "discovery_error": statuses.as_ref().err().map(|e| e.to_string()),

@@ -10,7 +10,7 @@ use plugin_api::{
     Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
 };
 
-use crate::check::{check_faults, check_not_emptied, check_output, is_passthrough, is_selection};
+use crate::check::check_stage;
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::loader::{Catalog, PluginLibrary, Unavailable};
@@ -58,6 +58,8 @@ pub struct Chain {
     /// `plugin_timeout_ms`, when not 0: each call runs on a helper thread of `calls`.
     deadline: Option<Duration>,
     calls: Pool<CallResult>,
+    /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
+    pub required: Vec<String>,
 }
 
 /// Which entry point a run calls.
@@ -224,6 +226,7 @@ impl Chain {
             stages,
             view,
             on_error: config.on_plugin_error,
+            required: config.required.clone(),
             deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
             calls: Pool::new(),
         }
@@ -249,13 +252,18 @@ impl Chain {
         self.stages.iter().map(|s| s.name.as_str()).collect()
     }
 
+    /// Whether `name` is required: its fault fails the turn whatever `on_error` says.
+    pub fn is_required(&self, name: &str) -> bool {
+        self.required.iter().any(|n| n == name)
+    }
+
     /// The view's plugin names, in order.
     pub fn view_names(&self) -> Vec<&str> {
         self.view.iter().map(|s| s.name.as_str()).collect()
     }
 
     /// Runs every plugin in order, checking each output (§4.3) and handling faults by
-    /// `on_plugin_error` (§4.4). Message turns and identities are derived once, here,
+    /// `on_plugin_error` and `required`. Message turns and identities are derived once, here,
     /// before the first plugin (§2.3).
     pub fn run(
         &self,
@@ -366,21 +374,10 @@ impl Chain {
             }),
         };
         let history = &state.history;
+        // Identities are unique here (assign_origins), as check_stage requires.
         let checked = result.and_then(|output| {
-            if is_passthrough(history, &output.history) {
-                return Ok((output, state.faults));
-            }
-            // Identities are unique here (assign_origins), so a plain selection needs
-            // only the structural check (and never-empty), not the full one that hashes
-            // the input.
-            let output_faults = if is_selection(history, &output.history) {
-                check_not_emptied(history, &output.history)
-                    .and_then(|()| check_faults(&output.history, state.faults))
-            } else {
-                check_output(history, state.faults, &output.history)
-            }
-            .map_err(|e| format!("invalid output: {e}"))?;
-            Ok((output, output_faults.count()))
+            let output_faults = check_stage(history, state.faults, &output.history)?;
+            Ok((output, output_faults))
         });
         report.elapsed = started.elapsed();
         match checked {
@@ -394,6 +391,14 @@ impl Chain {
                 log_events(&stage.name, &report.events);
             }
             Err(message) => match self.on_error {
+                // A required plugin's fault fails the turn even under "skip": what it
+                // guards (a redaction, say) must never be passed on without it.
+                _ if self.is_required(&stage.name) => {
+                    return Err(PluginFailure {
+                        plugin: stage.name.clone(),
+                        message: format!("{message} (a required plugin: the turn fails)"),
+                    })
+                }
                 OnPluginError::Fail => {
                     return Err(PluginFailure {
                         plugin: stage.name.clone(),

@@ -122,6 +122,9 @@ pub struct Config {
     /// `[history] plugin_timeout_ms`: how long one plugin call may run before it is that
     /// plugin's fault and the plugin is quarantined; 0 = no deadline (docs/chain.md#deadline).
     pub plugin_timeout_ms: u64,
+    /// `[history] required`: plugins whose fault fails the turn even under
+    /// `on_plugin_error = "skip"` (each one in the chain or the view).
+    pub required: Vec<String>,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
     /// `[plugin.*]` in file order.
@@ -382,11 +385,12 @@ impl Config {
             }
         };
 
-        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error) = (
+        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error, mut required) = (
             DEFAULT_AGENT_MAX_CTX,
             vec!["default".to_string()],
             Vec::new(),
             OnPluginError::Skip,
+            Vec::new(),
         );
         let mut plugin_timeout_ms = DEFAULT_PLUGIN_TIMEOUT_MS;
         if let Some(history) = reader.table(root, "history", "the top level")? {
@@ -400,6 +404,7 @@ impl Config {
                     "view",
                     "on_plugin_error",
                     "plugin_timeout_ms",
+                    "required",
                 ],
             )?;
             plugin_timeout_ms = reader
@@ -443,6 +448,18 @@ impl Config {
                     ))
                 }
             };
+            if let Some(item) = history.get("required") {
+                required = parse_plugin_list(&reader, history, "required", item)?;
+                if let Some(name) = required.iter().find(|n| !chain.contains(n) && !view.contains(n)) {
+                    return Err(reader.key_error(
+                        history,
+                        "required",
+                        format!(
+                            "plugin \"{name}\" in `required` is in neither the chain nor the view: a required plugin must run"
+                        ),
+                    ));
+                }
+            }
         }
 
         let mut models = Vec::new();
@@ -512,6 +529,7 @@ impl Config {
             view,
             on_plugin_error,
             plugin_timeout_ms,
+            required,
             models,
             plugins,
             source,
@@ -519,8 +537,6 @@ impl Config {
         })
     }
 
-    /// The settings a call on model `name` gets (SPEC §4.1): the listed table, keys it
-    /// lacks from `[models.default]`, then the built-in defaults.
     /// Where plugin `name` runs, if it is in the chain or the view.
     pub fn place_of(&self, name: &str) -> Option<Place> {
         let find = |names: &[String], view| {
@@ -532,6 +548,14 @@ impl Config {
         find(&self.chain, false).or_else(|| find(&self.view, true))
     }
 
+    /// Whether plugin `name` is in `[history] required`: its fault fails the turn
+    /// whatever `on_plugin_error` says.
+    pub fn is_required(&self, name: &str) -> bool {
+        self.required.iter().any(|n| n == name)
+    }
+
+    /// The settings a call on model `name` gets: the listed table, keys it lacks from
+    /// `[models.default]`, then the built-in defaults.
     pub fn model(&self, name: &str) -> ModelInfo {
         let table = |n: &str| self.models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
         let listed = table(name);
@@ -548,6 +572,38 @@ impl Config {
                 .unwrap_or(DEFAULT_TOKENIZER),
             effective_ctx: self.agent_max_ctx.min(max_context),
         }
+    }
+
+    /// A warning when a call asks for model `name` and the file does not list it: which
+    /// settings it gets instead. `None` for a listed model, and for `default` itself (what
+    /// a call that names no model gets).
+    pub fn unlisted_model(&self, name: &str) -> Option<String> {
+        if name == "default" || self.models.iter().any(|(n, _)| n == name) {
+            return None;
+        }
+        let fallback = if self.models.iter().any(|(n, _)| n == "default") {
+            "[models.default]".to_string()
+        } else {
+            format!(
+                "the built-in settings (max_context = agent_max_ctx = {}, context_tokens = {DEFAULT_CONTEXT_TOKENS}, tokenizer = {})",
+                self.agent_max_ctx,
+                DEFAULT_TOKENIZER.as_str()
+            )
+        };
+        Some(format!(
+            "model {} is not listed in {} (listed: {}): it gets {fallback}",
+            echo::quoted(name),
+            self.file.display(),
+            if self.models.is_empty() {
+                "none".to_string()
+            } else {
+                self.models
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ))
     }
 
     /// Every listed model plus `default` (what an unlisted model gets): what plugins
@@ -848,6 +904,19 @@ mod tests {
             (10, Tokenizer::Cl100kBase)
         );
         assert_eq!(config.model("unlisted").context_tokens, 5000);
+        assert_eq!(config.unlisted_model("big"), None);
+        assert_eq!(config.unlisted_model("default"), None);
+        let warning = config.unlisted_model("gpt-x").unwrap();
+        assert!(
+            warning.contains("model \"gpt-x\" is not listed")
+                && warning.ends_with("it gets [models.default]"),
+            "{warning}"
+        );
+        let bare = parse("").unwrap().unlisted_model("gpt-x").unwrap();
+        assert!(
+            bare.contains("listed: none): it gets the built-in settings"),
+            "{bare}"
+        );
     }
 
     #[test]
@@ -892,6 +961,30 @@ mod tests {
         let err = refused("[history]\nview = \"role_pair\"\n");
         assert!(
             err.message.contains("`view` in [history] must be an array"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn required_plugins_must_run() {
+        let config =
+            parse("[history]\nchain = [\"default\", \"a\"]\nview = [\"v\"]\nrequired = [\"a\", \"v\"]\n")
+                .unwrap();
+        assert_eq!(config.required, ["a", "v"]);
+        assert!(config.is_required("a") && !config.is_required("default"));
+        assert!(parse("").unwrap().required.is_empty());
+        let err = parse("[history]\nchain = [\"default\", \"a\"]\n\nrequired = [\"b\"]\n").unwrap_err();
+        assert_eq!(err.line, Some(4));
+        assert!(
+            err.message
+                .contains("plugin \"b\" in `required` is in neither the chain nor the view"),
+            "{err}"
+        );
+        let err = parse("[history]\nrequired = [\"default\", \"default\"]\n").unwrap_err();
+        assert!(err.message.contains("listed twice in the required"), "{err}");
+        let err = parse("[history]\nrequired = \"default\"\n").unwrap_err();
+        assert!(
+            err.message.contains("`required` in [history] must be an array"),
             "{err}"
         );
     }

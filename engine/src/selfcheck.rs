@@ -318,8 +318,10 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
             return report;
         }
     };
-    // Every stage runs, so every fault is reported, whatever `on_plugin_error` says.
+    // Every stage runs, so every fault is reported, whatever `on_plugin_error` and
+    // `required` say.
     chain.on_error = OnPluginError::Skip;
+    chain.required.clear();
     for model in config.models_for_validation() {
         let history = match plugin_api::wire::history_from_str(SAMPLE_HISTORY) {
             Ok(history) => history,

@@ -290,6 +290,9 @@ fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
         .clone()
         .or(document.model)
         .unwrap_or_else(|| "default".to_string());
+    if let Some(warning) = config.unlisted_model(&model_name) {
+        tracing::warn!("{}", plugin_api::echo::line(&warning));
+    }
     let model = config.model(&model_name);
     let turn = turns::current_turn(&document.messages, document.turn);
     let tokenizer = model.tokenizer.as_str();

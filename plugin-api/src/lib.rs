@@ -64,6 +64,9 @@
 //! - Ask the host for a summary with [`Context::summarize`] (no network or provider SDK in
 //!   a plugin); it may answer `Err` (no summarizer configured, a failed call, an older
 //!   host), so always have a fallback.
+//! - Test against the host's own output check: [`testing::process`] runs `process` and
+//!   then [`check`] (the code the host runs between stages), so an output the host would
+//!   refuse fails your `cargo test` with the host's message.
 //! - A panic is caught at the boundary and becomes an error; build with
 //!   `panic = "unwind"` (the default; `abort` is a compile error in [`export_plugin!`]).
 //!
@@ -128,6 +131,10 @@
 //! repeated check. Reading past what an instance has is never possible: a prefix-type
 //! accessor checks at run time how many fields the instance it reads was built with.
 
+// The output check names this crate as its users do, wherever it is compiled.
+extern crate self as plugin_api;
+
+pub mod check;
 pub mod config;
 pub mod context;
 pub mod echo;

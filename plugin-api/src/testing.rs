@@ -1,5 +1,23 @@
-//! Helpers for a plugin's own unit tests, without a host: a [`Context`] and a
-//! [`LoadContext`] with sensible values. Their services count every tokenizer as `chars4`
+//! Helpers for a plugin's own unit tests, without a host: a history numbered as the host
+//! numbers it ([`history`]), the host's own output check ([`check`], [`process`]) and a
+//! [`Context`] and a [`LoadContext`] with sensible values.
+//!
+//! ```
+//! use plugin_api::{testing, HistoryPlugin, LoadContext, ConfigError, Context, Message, Output, RArc};
+//! # struct Mine;
+//! # impl HistoryPlugin for Mine {
+//! #     const NAME: &'static str = "mine";
+//! #     const VERSION: &'static str = "0.1.0";
+//! #     const SUMMARY: &'static str = "";
+//! #     fn new(_: &LoadContext) -> Result<Self, ConfigError> { Ok(Mine) }
+//! #     fn process(&self, h: &[RArc<Message>], _: &Context) -> Result<Output, String> { Ok(Output::unchanged(h)) }
+//! # }
+//! let history = testing::history(r#"[{"role":"user","content":"hi"}]"#);
+//! let plugin = Mine::new(&testing::load_context("{}")).unwrap();
+//! // Err (with the host's own words) for an output the host would refuse.
+//! let output = testing::process(&plugin, &history, &testing::context(200, 1)).unwrap();
+//! ```
+//! Their services count every tokenizer as `chars4`
 //! (the real encodings live in the host), drop log lines and have no summarizer (so
 //! `summarize` answers `Err`, as in a host without one); end-to-end tests through the host
 //! use the real ones.
@@ -11,7 +29,54 @@ use abi_stable::{
 };
 
 use crate::context::{Context, HostServices, HostServicesRef, LoadContext, LogLevel, ModelInfo, Tokenizer};
+use crate::event::Output;
 use crate::message::Message;
+use crate::plugin::HistoryPlugin;
+use crate::structure::Faults;
+use crate::RArc;
+
+/// A history as the host hands it to a plugin: `json` (the wire format) parsed, each
+/// message given its identity (what tells the host a changed copy from an invented
+/// message). Panics on JSON the host would refuse, naming the problem.
+pub fn history(json: &str) -> Vec<RArc<Message>> {
+    let mut history =
+        crate::wire::history_from_str(json).unwrap_or_else(|err| panic!("testing::history: {err}"));
+    for (index, message) in history.iter_mut().enumerate() {
+        RArc::make_mut(message).set_origin(index as u64 + 1);
+    }
+    history
+}
+
+/// Runs the host's output check on `output`, a plugin's answer to `input`: its shape, no
+/// structural fault the input did not have (a call left without its result, a result
+/// answering no call), nothing invented, no message twice, no role changed. `Err` carries
+/// the message the host would report for this plugin (`invalid output: output message 1:
+/// …`). This is the host's own code ([`crate::check`]), not a copy.
+///
+/// `input` must be numbered as the host numbers it: build it with [`history`].
+pub fn check(input: &[RArc<Message>], output: &[RArc<Message>]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    if input.iter().any(|m| m.origin() == 0 || !seen.insert(m.origin())) {
+        return Err(
+            "testing::check: the input's messages have no identities; build it with \
+                    plugin_api::testing::history (the host numbers every message before the chain)"
+                .into(),
+        );
+    }
+    crate::check::check_stage(input, Faults::of(input).count(), output).map(|_| ())
+}
+
+/// Calls `plugin.process(input, ctx)` and checks its output as the host would
+/// ([`check`]): `Err` with the plugin's own error, or with the host's refusal of its output.
+pub fn process<P: HistoryPlugin>(
+    plugin: &P,
+    input: &[RArc<Message>],
+    ctx: &Context,
+) -> Result<Output, String> {
+    let output = plugin.process(input, ctx)?;
+    check(input, &output.history)?;
+    Ok(output)
+}
 
 extern "C" fn chars4_text(_: Tokenizer, text: RStr<'_>) -> u64 {
     (text.as_str().chars().count() as u64).div_ceil(4)
@@ -83,10 +148,95 @@ pub fn load_context(config_json: &str) -> LoadContext {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::{ConfigError, Content, Role};
+
+    /// A plugin that makes one mistake the host refuses, for the tests below.
+    #[derive(Clone, Copy)]
+    enum Mistake {
+        Invent,
+        Duplicate,
+        SwapRole,
+        Orphan,
+    }
+
+    struct Misbehaving(Mistake);
+
+    impl HistoryPlugin for Misbehaving {
+        const NAME: &'static str = "misbehaving";
+        const VERSION: &'static str = "0.0.0";
+        const SUMMARY: &'static str = "makes one mistake";
+
+        fn new(_: &LoadContext) -> Result<Self, ConfigError> {
+            Ok(Misbehaving(Mistake::Invent))
+        }
+
+        fn process(&self, history: &[RArc<Message>], _: &Context) -> Result<Output, String> {
+            let mut out: Vec<RArc<Message>> = history.to_vec();
+            match self.0 {
+                Mistake::Invent => out.push(RArc::new(Message::new(Role::User, Content::Text("new".into())))),
+                Mistake::Duplicate => out.push(history[0].clone()),
+                Mistake::SwapRole => {
+                    let mut copy = (*history[0]).clone();
+                    copy.role = Role::Assistant;
+                    out[0] = RArc::new(copy);
+                }
+                // Drops the call, keeps its result.
+                Mistake::Orphan => drop(out.remove(1)),
+            };
+            Ok(Output::new(out, Vec::new()))
+        }
+    }
+
+    const HISTORY: &str = r#"[{"role":"user","content":"task"},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+        {"role":"tool","tool_call_id":"c1","content":"r"},
+        {"role":"assistant","content":"done"}]"#;
+
+    fn refusal(mistake: Mistake) -> String {
+        let history = history(HISTORY);
+        process(&Misbehaving(mistake), &history, &context(200, 1)).unwrap_err()
+    }
+
+    #[test]
+    fn the_hosts_check_catches_each_mistake_with_the_hosts_message() {
+        assert_eq!(
+            refusal(Mistake::Invent),
+            "invalid output: output message 4: invented (it is neither an input message nor made from one)"
+        );
+        assert_eq!(
+            refusal(Mistake::Duplicate),
+            "invalid output: output message 4: duplicated (the same input message appears twice)"
+        );
+        assert_eq!(
+            refusal(Mistake::SwapRole),
+            "invalid output: output message 0: role changed from user to assistant"
+        );
+        let orphan = refusal(Mistake::Orphan);
+        assert!(
+            orphan
+                .starts_with("invalid output: output has 1 structural faults where its input had 0; first:")
+                && orphan.contains("\"c1\""),
+            "{orphan}"
+        );
+    }
+
+    #[test]
+    fn a_correct_output_passes_and_an_unnumbered_input_is_named() {
+        let numbered = history(HISTORY);
+        let unit_dropped = [numbered[0].clone(), numbered[3].clone()];
+        assert!(check(&numbered, &unit_dropped).is_ok(), "a whole unit dropped");
+        assert!(check(&numbered, &numbered).is_ok());
+        let unnumbered = crate::wire::history_from_str(HISTORY).unwrap();
+        assert!(check(&unnumbered, &unnumbered)
+            .unwrap_err()
+            .contains("testing::history"));
+    }
+
     #[test]
     fn the_test_context_counts_chars4_and_has_no_summarizer() {
         let ctx = super::context(10, 1);
-        assert_eq!(ctx.tokens().text(super::Tokenizer::O200kBase, "héllo"), 2);
+        assert_eq!(ctx.tokens().text(Tokenizer::O200kBase, "héllo"), 2);
         ctx.log().info("dropped");
         assert_eq!(
             ctx.summarize("text", 2, "test"),

@@ -9,7 +9,8 @@ pub enum ErrorKind {
     NotFound,
     /// The session's previous turn was still running when this one stopped waiting.
     Busy,
-    /// A plugin failed the turn under `on_plugin_error = "fail"`. Nothing was stored.
+    /// A plugin failed the turn under `on_plugin_error = "fail"`, or a `required` plugin
+    /// faulted. Nothing was stored.
     PluginFailed,
     /// `max_users` live sessions already.
     TooManySessions,

@@ -160,16 +160,18 @@ plugin_api::export_plugin!(__TYPE__);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::{testing, wire};
+    use plugin_api::testing;
 
     #[test]
     fn passes_the_history_through_shared() {
-        let history = wire::history_from_str(
+        // Numbered as the host numbers it, so the check below can tell copies apart.
+        let history = testing::history(
             r#"[{"role":"system","content":"s"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]"#,
-        )
-        .unwrap();
+        );
         let plugin = __TYPE__::new(&testing::load_context("{}")).unwrap();
-        let output = plugin.process(&history, &testing::context(200, 1)).unwrap();
+        // The host's own output check: an invented, duplicated, role-changed message or a
+        // tool call cut from its result fails here with the message the host would give.
+        let output = testing::process(&plugin, &history, &testing::context(200, 1)).unwrap();
         assert_eq!(output.history.len(), 3);
         for (out, input) in output.history.iter().zip(&history) {
             assert!(std::ptr::eq(&**out, &**input), "a passed-through message is shared, not copied");

@@ -48,6 +48,11 @@ pub enum Edit {
     MaxUsers(u64),
     /// `session_idle_timeout_minutes` (0 = never reap).
     SessionTimeout(u64),
+    /// Add `name` (in the chain or the view) to `[history] required`: its fault fails
+    /// the turn even under `on_plugin_error = "skip"`.
+    Require { name: String },
+    /// Remove `name` from `[history] required`.
+    Unrequire { name: String },
 }
 
 /// A refused edit: one line saying what and why. The file is untouched.
@@ -268,6 +273,46 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
                 shown(*n)
             )
         }
+        Edit::Require { name } => {
+            check_name(name)?;
+            holding(&config, name)?;
+            let mut after = config.required.clone();
+            if !config.is_required(name) {
+                match named_array(&mut document, "required") {
+                    Some(array) => {
+                        let layout = Layout::of(array);
+                        insert_entry(array, after.len(), name, "", &layout, newline);
+                    }
+                    None if config.required.is_empty() => {
+                        history_table(&mut document)
+                            .insert("required", toml_edit::value(Array::from_iter([name])));
+                    }
+                    None => return Err(no_array(file, "required")),
+                }
+                after.push(name.clone());
+            }
+            format!("required: {}", after.join(", "))
+        }
+        Edit::Unrequire { name } => {
+            check_name(name)?;
+            let Some(from) = config.required.iter().position(|n| n == name) else {
+                return Err(Refused(format!(
+                    "plugin \"{name}\" is not required (required: {})",
+                    List::View.shown(&config.required)
+                )));
+            };
+            let mut after = config.required.clone();
+            after.remove(from);
+            if after.is_empty() {
+                // The last one: the key goes, as if it had never been added.
+                history_table(&mut document).remove("required");
+            } else {
+                let array =
+                    named_array(&mut document, "required").ok_or_else(|| no_array(file, "required"))?;
+                remove_entry(array, from);
+            }
+            format!("required: {}", List::View.shown(&after))
+        }
     };
     let text = keep_untouched_lines(source, &document.to_string());
     let summary = if text == source {
@@ -279,10 +324,13 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
 }
 
 fn no_list_array(file: &Path, list: List) -> Refused {
+    no_array(file, list.key())
+}
+
+fn no_array(file: &Path, key: &str) -> Refused {
     Refused(format!(
-        "{}: [history] {} is not an array agentctl can edit; edit it by hand",
+        "{}: [history] {key} is not an array agentctl can edit; edit it by hand",
         file.display(),
-        list.key()
     ))
 }
 
@@ -458,10 +506,15 @@ fn first_position(table: &Table) -> Option<isize> {
 
 /// `[history] chain` or `view`, when the file has it.
 fn list_array(document: &mut DocumentMut, list: List) -> Option<&mut Array> {
+    named_array(document, list.key())
+}
+
+/// The array `[history] key`, when the file has it.
+fn named_array<'d>(document: &'d mut DocumentMut, key: &str) -> Option<&'d mut Array> {
     document
         .get_mut("history")?
         .as_table_like_mut()?
-        .get_mut(list.key())?
+        .get_mut(key)?
         .as_array_mut()
 }
 
@@ -733,6 +786,31 @@ mod tests {
         // A no-op is byte-identical whatever the normalizations.
         let s = "\u{feff}max_users = 5\r\n[history]\nagent_max_ctx = 9";
         assert_eq!(edit(s, Edit::MaxCtx(9)).unwrap(), s);
+    }
+
+    #[test]
+    fn required_edits_keep_the_layout() {
+        let s = "[history]\nchain = [\"default\", \"a\", \"b\"]  # the chain\non_plugin_error = \"skip\"\n\n[plugin.a]\n";
+        let require = |s: &str, name: &str| edit(s, Edit::Require { name: name.into() });
+        let unrequire = |s: &str, name: &str| edit(s, Edit::Unrequire { name: name.into() });
+        let one = require(s, "a").unwrap();
+        assert_eq!(one, s.replace("\"skip\"\n", "\"skip\"\nrequired = [\"a\"]\n"));
+        let two = require(&one, "b").unwrap();
+        assert!(two.contains("required = [\"a\", \"b\"]\n"), "{two}");
+        assert_eq!(require(&two, "b").unwrap(), two, "already required: unchanged");
+        assert_eq!(unrequire(&two, "b").unwrap(), one);
+        assert_eq!(unrequire(&one, "a").unwrap(), s);
+        let multi = "[history]\nchain = [\"default\", \"a\", \"b\"]\nrequired = [\n  \"a\",  # redacts\n]\n";
+        assert_eq!(
+            require(multi, "b").unwrap(),
+            "[history]\nchain = [\"default\", \"a\", \"b\"]\nrequired = [\n  \"a\",  # redacts\n  \"b\",\n]\n"
+        );
+        assert!(require(s, "c")
+            .unwrap_err()
+            .0
+            .contains("\"c\" is not in the chain"));
+        assert!(unrequire(s, "a").unwrap_err().0.contains("\"a\" is not required"));
+        assert!(require(s, "../x").unwrap_err().0.contains("not a plugin name"));
     }
 
     #[test]

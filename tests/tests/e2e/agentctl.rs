@@ -950,3 +950,48 @@ fn an_edit_is_refused_while_another_agentctl_edits() {
     assert_eq!(text, op.expected("max_users=50", "max_users=5"));
     assert!(!lock.exists());
 }
+
+#[test]
+fn history_require_and_unrequire_edit_the_required_list() {
+    let op = Operator::new(OPERATOR);
+    let text = op.edit(&["history-require", "fixture_a"]);
+    assert_eq!(
+        text,
+        op.expected(
+            "on_plugin_error = 'skip'\n",
+            "on_plugin_error = 'skip'\nrequired = [\"fixture_a\"]\n"
+        )
+    );
+    let listed = String::from_utf8_lossy(&op.run(&["history-list"]).stdout).to_string();
+    assert!(
+        listed.contains("required (a fault fails the turn even under skip): fixture_a\n"),
+        "{listed}"
+    );
+    let value = json(&String::from_utf8_lossy(
+        &op.run(&["history-list", "--json"]).stdout,
+    ));
+    assert_eq!(value["required"], serde_json::json!(["fixture_a"]));
+    assert_eq!(value["chain"][1]["required"], true);
+
+    // A required plugin cannot leave the chain while it is required.
+    let output = op.run(&["history-chain-remove", "fixture_a"]);
+    assert!(!output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("in `required` is in neither the chain nor the view"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(op.text(), text, "refused: unchanged");
+
+    assert_eq!(op.edit(&["history-unrequire", "fixture_a"]), op.original);
+
+    op.refused(
+        &["history-require", "fixture_b"],
+        "plugin \"fixture_b\" is not in the chain",
+    );
+    op.refused(
+        &["history-unrequire", "fixture_a"],
+        "plugin \"fixture_a\" is not required",
+    );
+}

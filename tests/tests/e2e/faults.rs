@@ -172,3 +172,74 @@ fn a_plugin_built_against_a_newer_patch_is_refused_in_one_line() {
     );
     assert!(line.contains("newer plugin-api"), "{line}");
 }
+
+const SECRET_HISTORY: &str =
+    r#"[{"role":"user","content":"my key is SECRET"},{"role":"assistant","content":"noted"}]"#;
+
+/// A chain with the redactor fixture (failing when `fail`), the panicker, and
+/// `[history] required` set to `required`, under `on_plugin_error = "skip"`.
+fn required_config(required: &str, fail: bool, dir: &std::path::Path) -> TestConfig {
+    TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"panicker\", \"redactor\"]\non_plugin_error = \"skip\"\n\
+         required = {required}\n\n[plugin.redactor]\nfail = {fail}\n",
+        dir.display().to_string()
+    ))
+}
+
+#[test]
+fn a_required_plugin_that_fails_fails_the_turn_even_under_skip() {
+    let dir = plugin_dir_with(&[&fixture_library("redactor"), &fixture_library("panicker")]);
+
+    // Working: the redactor redacts; the panicker, not required, is skipped.
+    let working = required_config(r#"["redactor"]"#, false, dir.path());
+    let output = working.process(&[], SECRET_HISTORY);
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("my key is [redacted]") && !stdout.contains("SECRET"),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("plugin \"panicker\" skipped"),
+        "{}",
+        describe(&output)
+    );
+
+    // Failing: the turn fails (exit 4) and nothing unredacted is written.
+    let failing = required_config(r#"["redactor"]"#, true, dir.path());
+    let output = failing.process(&[], SECRET_HISTORY);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(output.stdout.is_empty(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap();
+    assert!(
+        last.starts_with(
+            "history-host: plugin \"redactor\" failed: the redaction rules could not be applied"
+        ) && last.contains("a required plugin"),
+        "{stderr}"
+    );
+    let failure = failing.run("default", SECRET_HISTORY, None).unwrap_err();
+    assert_eq!(failure.plugin, "redactor");
+
+    // Not required: the same fault is skipped and the history passed on as it came.
+    let skipped = required_config("[]", true, dir.path());
+    let run = skipped.run("default", SECRET_HISTORY, None).unwrap();
+    assert_eq!(e2e_tests::run_json(&run), json(SECRET_HISTORY));
+    assert!(run.stages[2].skipped.is_some(), "{:?}", run.stages[2]);
+}
+
+#[test]
+fn a_required_name_must_be_in_the_chain_or_the_view() {
+    let dir = plugin_dir_with(&[&fixture_library("redactor"), &fixture_library("panicker")]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\"]\nrequired = [\"redactor\"]\n",
+        dir.path().display().to_string()
+    ));
+    let output = config.process(&[], SECRET_HISTORY);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(":4: plugin \"redactor\" in `required` is in neither the chain nor the view"),
+        "{stderr}"
+    );
+}

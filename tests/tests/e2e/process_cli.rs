@@ -56,3 +56,23 @@ fn the_readme_main_job_runs_on_the_shipped_config() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_model_not_in_the_configuration_is_named_with_its_fallback() {
+    let config = TestConfig::new("[models.default]\nmax_context = 10\n[models.small]\nmax_context = 4\n");
+    let input = r#"[{"role":"user","content":"hi"}]"#;
+    let output = config.process(&["--model", "gtp-4o"], input);
+    assert!(output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("model \"gtp-4o\" is not listed")
+            && stderr.contains("(listed: default, small): it gets [models.default]"),
+        "{stderr}"
+    );
+    let listed = config.process(&["--model", "small"], input);
+    assert!(
+        !String::from_utf8_lossy(&listed.stderr).contains("is not listed"),
+        "{}",
+        describe(&listed)
+    );
+}

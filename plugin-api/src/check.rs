@@ -1,6 +1,11 @@
-//! The check the host runs on every plugin's output before passing it on (SPEC §4.3):
-//! a non-empty input does not come out empty, the shape is valid, there are no more
-//! structural faults than the plugin's input had, and nothing is invented.
+//! The check the host runs on every plugin's output before passing it on
+//! (docs/chain.md, "The output check"): a non-empty input does not come out empty, the
+//! shape is valid, there are no more structural faults than the plugin's input had, and
+//! nothing is invented.
+//!
+//! It lives here, in the crate every plugin depends on, so that a plugin's own tests run
+//! the very code the host runs ([`crate::testing::check`]): an output the host would
+//! refuse fails the author's `cargo test` with the host's message.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -9,7 +14,7 @@ use plugin_api::structure::Faults;
 use plugin_api::{Content, Member, Message, Part, RArc, Role};
 
 /// Whether `output` is `input` passed through untouched (same shared messages in order).
-pub(crate) fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+pub fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
     input.len() == output.len() && input.iter().zip(output).all(|(a, b)| std::ptr::eq(&**a, &**b))
 }
 
@@ -17,7 +22,7 @@ pub(crate) fn is_passthrough(input: &[RArc<Message>], output: &[RArc<Message>]) 
 /// order. What every trimming plugin returns; with unique identities in the input (as in a
 /// chain run, `turns::assign_origins`) such an output duplicates, changes and invents
 /// nothing, so only [`check_faults`] is left to check — without hashing the whole input.
-pub(crate) fn is_selection(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
+pub fn is_selection(input: &[RArc<Message>], output: &[RArc<Message>]) -> bool {
     let mut rest = input.iter();
     output.len() <= input.len()
         && output
@@ -52,6 +57,30 @@ pub fn check_not_emptied(input: &[RArc<Message>], output: &[RArc<Message>]) -> R
         ));
     }
     Ok(())
+}
+
+/// The whole check of one stage, as the host runs it between two plugins: `output`
+/// against `input`, which had `input_faults` structural faults and unique message
+/// identities (the host numbers messages before the chain). Returns the number of the
+/// output's structural faults, or the refusal (`invalid output: output message 3: …`)
+/// that the host reports as the plugin's error.
+pub fn check_stage(
+    input: &[RArc<Message>],
+    input_faults: usize,
+    output: &[RArc<Message>],
+) -> Result<usize, String> {
+    if is_passthrough(input, output) {
+        return Ok(input_faults);
+    }
+    // Identities are unique here, so a plain selection needs only the structural check,
+    // not the full one that hashes the input.
+    if is_selection(input, output) {
+        check_not_emptied(input, output).and_then(|()| check_faults(output, input_faults))
+    } else {
+        check_output(input, input_faults, output)
+    }
+    .map(|faults| faults.count())
+    .map_err(|e| format!("invalid output: {e}"))
 }
 
 /// Checks one plugin's output against its input. Returns the output's structural faults,
@@ -117,7 +146,7 @@ pub fn check_output(
 }
 
 /// The output's structural faults, or an error when it has more than its input had.
-pub(crate) fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Faults, String> {
+pub fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Faults, String> {
     let faults = Faults::of(output);
     if faults.count() > input_faults {
         let first = faults.describe(output).into_iter().next().unwrap_or_default();
@@ -130,7 +159,7 @@ pub(crate) fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Res
 }
 
 /// The §2.1.1 shape rules a typed message can still break: what a plugin built or changed.
-pub(crate) fn check_shape(message: &Message) -> Result<(), String> {
+pub fn check_shape(message: &Message) -> Result<(), String> {
     if message.role == Role::Tool && message.tool_call_id.is_none() {
         return Err("tool message without tool_call_id".into());
     }
