@@ -19,6 +19,7 @@ mod hardening_output;
 mod host_services;
 mod process_cli;
 mod properties;
+mod relevance;
 mod retention;
 mod role_pair;
 mod scaffold;
