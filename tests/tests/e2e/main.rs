@@ -9,6 +9,7 @@ mod common;
 mod agentctl;
 mod bad_input;
 mod config_errors;
+mod dedupe;
 mod default_plugin;
 mod expand_explain;
 mod fanout;
