@@ -29,6 +29,7 @@ mod sessions_commands;
 mod sessions_http;
 mod sessions_load;
 mod sessions_store;
+mod summarize;
 mod token_budget;
 mod tool_result_filter;
 mod wire_fidelity;
