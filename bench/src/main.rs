@@ -16,6 +16,9 @@
 //!   parsed messages, so each run tokenizes each message once, as a session would.
 //! - **single**: one call on a 10,000-message history; the cold first call (nothing counted
 //!   yet) and the median of warm calls (the same messages again: counts remembered).
+//!   Then each strategy of [`STRATEGIES`] that is installed alone on that history, with the
+//!   same window, and its warm ratio to `default`'s (in the chain `default` runs first, so
+//!   a later stage never sees the 10,000 messages).
 //! - **floor**: the same histories through a chain of as many `floor` stages (a fixture
 //!   that returns its input shared, doing nothing) run by the same `Chain::run` (the chain
 //!   refuses a name twice, so the floor chain is built with `Chain::repeated`). So the
@@ -53,6 +56,10 @@ const FULL_CHAIN: [&str; 5] = [
     "token_budget",
     "role_pair",
 ];
+/// Strategies measured one at a time on the single-call history, each alone in a chain of
+/// one stage with the same window, against `default` (the first): the shipped chain runs
+/// `default` first, so a later stage never sees 10,000 messages there.
+const STRATEGIES: [&str; 4] = ["default", "relevance", "dedupe", "summarize"];
 /// Turns of the generated replay history.
 const REPLAY_TURNS: usize = 1_000;
 /// Messages of the single-call history.
@@ -139,6 +146,8 @@ struct Bench {
     config: Config,
     chain: Chain,
     floor: Chain,
+    /// Each installed strategy of [`STRATEGIES`] alone in a chain of one stage.
+    strategies: Vec<(&'static str, Chain)>,
     model: ModelInfo,
     missing: Vec<&'static str>,
     max_tokens: Option<u64>,
@@ -187,10 +196,18 @@ fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>, plugin_timeout_ms: Opt
     let (config, catalog, chain) = load_chain(&file).map_err(|e| e.to_string())?;
     let floor = Chain::repeated(&config, &catalog, "floor", chain.stages.len()).map_err(|e| e.to_string())?;
     let model = config.model("default");
+    let mut strategies = Vec::new();
+    for name in STRATEGIES.iter().filter(|name| catalog.has(name)) {
+        strategies.push((
+            *name,
+            Chain::repeated(&config, &catalog, name, 1).map_err(|e| e.to_string())?,
+        ));
+    }
     Ok(Bench {
         config,
         chain,
         floor,
+        strategies,
         model,
         missing,
         max_tokens,
@@ -356,6 +373,32 @@ fn singles(bench: &Bench, values: &[Value], warm_calls: usize) -> Result<(Single
     let chain = results.next().expect("two results");
     let floor = results.next().expect("two results");
     Ok((chain, floor))
+}
+
+/// Each strategy alone on `values`: its cold call (a fresh copy of the history) and the
+/// median of `warm_calls` warm calls, in ms, with the warm ratio to `default`'s.
+fn strategy_singles(bench: &Bench, values: &[Value], warm_calls: usize) -> Result<Value> {
+    let mut table = serde_json::Map::new();
+    let mut default_warm = None;
+    for (name, chain) in &bench.strategies {
+        let (history, turn) = single_history(values)?;
+        let cold = call_once(bench, chain, &history, turn)?.total;
+        let mut warm = Vec::with_capacity(warm_calls);
+        for _ in 0..warm_calls {
+            warm.push(call_once(bench, chain, &history, turn)?.total);
+        }
+        let warm = median(&warm);
+        let base = *default_warm.get_or_insert(warm);
+        table.insert(
+            name.to_string(),
+            json!({
+                "cold_ms": round(ms(cold), 3),
+                "warm_ms": round(ms(warm), 4),
+                "ratio_to_default": round(ratio(warm, base), 3),
+            }),
+        );
+    }
+    Ok(Value::Object(table))
 }
 
 /// `o200k_base` throughput of the host's counter on the history's items, MB/s, and the
@@ -527,6 +570,7 @@ fn run(args: &[String]) -> Result<()> {
 
     let single_values = generate_messages(SINGLE_MESSAGES, seed.wrapping_add(1));
     let (chain_single, floor_single) = singles(&bench, &single_values, WARM_CALLS)?;
+    let strategies_single = strategy_singles(&bench, &single_values, WARM_CALLS)?;
     let fanout_values = fan_out(FANOUT_CALLS);
     let (chain_fanout, floor_fanout) = singles(&bench, &fanout_values, FANOUT_WARM_CALLS)?;
     let (throughput, counting) = token_throughput(&replay_history)?;
@@ -591,6 +635,9 @@ fn run(args: &[String]) -> Result<()> {
             "floor_best_ms": round(ms(floor_single.warm_best), 4),
             "ratio_to_floor": round(ratio(chain_single.warm, floor_single.warm), 3),
             "per_plugin_ms": per_plugin(&chain_single),
+            // Each strategy alone on the same history and window (the chain runs
+            // `default` first, so later stages never see all of it).
+            "alone": strategies_single,
         },
         // One assistant message with FANOUT_CALLS calls, answered in reverse order.
         "fanout": {
@@ -673,6 +720,15 @@ fn print_table(r: &Value) {
             println!(
                 "  {name:<20} {warm:>10} ms warm, {} ms cold",
                 single["cold_per_plugin_ms"][name]
+            );
+        }
+    }
+    if let Some(alone) = single["alone"].as_object() {
+        println!("  each strategy alone on the same history (warm median; ratio to default's):");
+        for (name, row) in alone {
+            println!(
+                "  {name:<20} {:>10} ms warm, {} ms cold, ratio {}",
+                row["warm_ms"], row["cold_ms"], row["ratio_to_default"]
             );
         }
     }

@@ -98,9 +98,16 @@ pub fn check_output(
     // (origin, call id) of the calls of the input's assistant messages, made when a new
     // tool result first needs it: a plugin may answer thousands of one message's calls.
     let mut input_calls: Option<HashSet<(u64, &str)>> = None;
+    let mut summaries = 0usize;
 
     for (index, message) in output.iter().enumerate() {
         let fault = |what: String| format!("output message {index}: {what}");
+        let made = !shared.contains(&(&**message as *const Message)) && !by_key.contains_key(&key(message));
+        if let Some(ids) = made.then(|| summary_ids(message)).flatten() {
+            check_summary(input, output, &ids, &mut summaries).map_err(fault)?;
+            check_shape(message).map_err(fault)?;
+            continue;
+        }
         if !seen.insert(key(message)) {
             return Err(fault("duplicated (the same input message appears twice)".into()));
         }
@@ -143,6 +150,51 @@ pub fn check_output(
     }
 
     check_faults(output, input_faults)
+}
+
+/// The `summary_of` of a message that may be a summary: a `user` or `system` message
+/// carrying the list.
+fn summary_ids(message: &Message) -> Option<Vec<String>> {
+    if message.role != Role::User && !message.role.is_system() {
+        return None;
+    }
+    message.meta()?.summary_of()
+}
+
+/// A summary (docs/chain.md#the-output-check): at most one new one per output; it lists at
+/// least one id, each naming an input message (its [`Message::identity`]), none of which
+/// is in the output (itself or a changed copy).
+fn check_summary(
+    input: &[RArc<Message>],
+    output: &[RArc<Message>],
+    ids: &[String],
+    summaries: &mut usize,
+) -> Result<(), String> {
+    *summaries += 1;
+    if *summaries > 1 {
+        return Err("a second summary message (one summary replaces one range)".into());
+    }
+    if ids.is_empty() {
+        return Err("a summary whose summary_of lists no message".into());
+    }
+    let input_ids: HashMap<String, u64> = input.iter().map(|m| (m.identity(), m.origin())).collect();
+    let output_origins: HashSet<u64> = output.iter().map(|m| m.origin()).collect();
+    let output_ids: HashSet<String> = output.iter().filter_map(|m| m.id().map(str::to_string)).collect();
+    for id in ids {
+        let Some(origin) = input_ids.get(id) else {
+            return Err(format!(
+                "a summary of {}, which is not an input message",
+                echo::quoted(id)
+            ));
+        };
+        if output_origins.contains(origin) || output_ids.contains(id) {
+            return Err(format!(
+                "a summary of {}, which is still in the output",
+                echo::quoted(id)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The output's structural faults, or an error when it has more than its input had.
@@ -224,6 +276,61 @@ fn valid_json(text: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use plugin_api::wire::history_from_str;
+
+    fn summary(of: &[&str]) -> RArc<Message> {
+        let mut message = Message::new(
+            Role::User,
+            Content::Text("[Summary of 2 earlier messages]\n\nx".into()),
+        );
+        let ids: Vec<String> = of.iter().map(|s| s.to_string()).collect();
+        message.meta_mut().set_summary_of(&ids);
+        RArc::new(message)
+    }
+
+    /// Numbered as the host numbers a history before the chain.
+    fn numbered(json: &str) -> Vec<RArc<Message>> {
+        crate::testing::history(json)
+    }
+
+    #[test]
+    fn a_summary_of_input_messages_none_of_them_kept_is_accepted() {
+        let input = numbered(
+            r#"[{"role":"user","content":"1","metadata":{"id":"a"}},{"role":"assistant","content":"2","metadata":{"id":"b"}},
+                {"role":"user","content":"3"},{"role":"assistant","content":"4"}]"#,
+        );
+        let by_origin = input[2].identity();
+        assert!(by_origin.starts_with('#'));
+        let output = vec![summary(&["a", "b", &by_origin]), input[3].clone()];
+        check_output(&input, 0, &output).unwrap();
+    }
+
+    #[test]
+    fn a_summary_listing_a_kept_or_unknown_message_is_refused() {
+        let input = numbered(
+            r#"[{"role":"user","content":"1","metadata":{"id":"a"}},{"role":"assistant","content":"2","metadata":{"id":"b"}},
+                {"role":"user","content":"3","metadata":{"id":"c"}}]"#,
+        );
+        let kept = check_output(&input, 0, &[summary(&["a", "c"]), input[2].clone()]).unwrap_err();
+        assert!(kept.contains("\"c\", which is still in the output"), "{kept}");
+        let mut copy = (*input[2]).clone();
+        copy.content = Content::Text("changed".into());
+        let copied = check_output(&input, 0, &[summary(&["a", "c"]), RArc::new(copy)]).unwrap_err();
+        assert!(copied.contains("still in the output"), "{copied}");
+        let unknown = check_output(&input, 0, &[summary(&["a", "zz"]), input[2].clone()]).unwrap_err();
+        assert!(
+            unknown.contains("\"zz\", which is not an input message"),
+            "{unknown}"
+        );
+        let empty = check_output(&input, 0, &[summary(&[]), input[2].clone()]).unwrap_err();
+        assert!(empty.contains("lists no message"), "{empty}");
+        let two = check_output(&input, 0, &[summary(&["a"]), summary(&["b"]), input[2].clone()]).unwrap_err();
+        assert!(two.contains("a second summary"), "{two}");
+        // An assistant message cannot be a summary: it is invented.
+        let mut assistant = (*summary(&["a"])).clone();
+        assistant.role = Role::Assistant;
+        let invented = check_output(&input, 0, &[RArc::new(assistant), input[2].clone()]).unwrap_err();
+        assert!(invented.contains("invented"), "{invented}");
+    }
 
     #[test]
     fn a_selection_keeps_shared_messages_in_input_order() {

@@ -108,6 +108,15 @@ impl ConfigTable {
         }
     }
 
+    /// A number ≥ 0 (an integer or a float).
+    pub fn number(&mut self, key: &str) -> Result<Option<f64>, ConfigError> {
+        match self.entries.remove(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|x| x >= 0.0) => Ok(n.as_f64()),
+            Some(other) => Err(self.error(key, "a number ≥ 0", &other)),
+        }
+    }
+
     /// A string.
     pub fn string(&mut self, key: &str) -> Result<Option<String>, ConfigError> {
         match self.entries.remove(key) {

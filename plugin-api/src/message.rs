@@ -306,6 +306,23 @@ impl Metadata {
         }
     }
 
+    /// `summary_of`: the identities ([`Message::identity`]) of the messages a summary
+    /// message stands for; `None` when absent or not an array of strings. (A verbatim
+    /// member, like `expanded`, so it needs no change of the ABI layout.)
+    pub fn summary_of(&self) -> Option<Vec<String>> {
+        let member = self.extra.iter().find(|m| m.key.as_str() == "summary_of")?;
+        serde_json::from_str::<Vec<String>>(member.json.as_str()).ok()
+    }
+
+    /// Sets `summary_of`, replacing any earlier one.
+    pub fn set_summary_of(&mut self, ids: &[String]) {
+        self.extra.retain(|m| m.key.as_str() != "summary_of");
+        self.extra.push(Member {
+            key: "summary_of".into(),
+            json: serde_json::to_string(ids).unwrap_or_else(|_| "[]".into()).into(),
+        });
+    }
+
     /// Sets `expanded: true`, replacing any earlier `expanded` member.
     pub fn set_expanded(&mut self) {
         self.extra.retain(|m| m.key.as_str() != "expanded");
@@ -555,6 +572,16 @@ impl Message {
         self.meta()
             .and_then(|m| m.id.as_ref().into_option())
             .map(|s| s.as_str())
+    }
+
+    /// The identity a summary's `summary_of` names this message by: its `metadata.id`, or
+    /// when it has none `#` and its host-assigned identity (stable within a session, where
+    /// it is the transcript position; within one run for a stateless call).
+    pub fn identity(&self) -> String {
+        match self.id() {
+            Some(id) => id.to_string(),
+            None => format!("#{}", self.origin),
+        }
     }
 
     /// `tool_call_id`.

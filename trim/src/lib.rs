@@ -126,7 +126,8 @@ pub fn plan(history: &[RArc<Message>], costs: &[u64], pins: Pins, window: Window
     Some(Plan { keep, over_budget })
 }
 
-fn pinned_messages(history: &[RArc<Message>], pins: Pins) -> Vec<bool> {
+/// Per message: pinned by `pins` (the leading system messages, the first user message)?
+pub fn pinned_messages(history: &[RArc<Message>], pins: Pins) -> Vec<bool> {
     let mut pinned = vec![false; history.len()];
     if pins.system {
         for flag in pinned.iter_mut().take(leading_system_count(history)) {

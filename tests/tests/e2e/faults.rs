@@ -243,3 +243,44 @@ fn a_required_name_must_be_in_the_chain_or_the_view() {
         "{stderr}"
     );
 }
+
+/// A summary (docs/chain.md#the-output-check) passes the check when its `summary_of`
+/// names exactly input messages it replaced; a forged one — naming a message still in the
+/// output, or one that was never in the input — is refused end to end.
+#[test]
+fn a_forged_summary_is_refused_and_an_honest_one_accepted() {
+    let dir = plugin_dir_with(&[&fixture_library("summary_forger")]);
+    let with = |forge: &str| {
+        TestConfig::new(&format!(
+            "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"summary_forger\"]\non_plugin_error = \"fail\"\n\
+             [plugin.summary_forger]\nforge = \"{forge}\"\n",
+            dir.path().display().to_string()
+        ))
+    };
+    let history = r#"[{"role":"user","content":"task","metadata":{"id":"m1"}},
+        {"role":"assistant","content":"ok","metadata":{"id":"m2"}},
+        {"role":"user","content":"more","metadata":{"id":"m3"}},
+        {"role":"assistant","content":"done","metadata":{"id":"m4"}}]"#;
+    let run = with("none").run("default", history, None).unwrap();
+    let out = e2e_tests::run_json(&run);
+    assert_eq!(out[0]["metadata"]["summary_of"], serde_json::json!(["m1", "m2"]));
+    assert_eq!(out.as_array().unwrap().len(), 3);
+
+    let kept = with("kept").run("default", history, None).unwrap_err();
+    assert!(
+        kept.message
+            .contains("a summary of \"m4\", which is still in the output"),
+        "{kept}"
+    );
+    let unknown = with("unknown").run("default", history, None).unwrap_err();
+    assert!(
+        unknown
+            .message
+            .contains("a summary of \"no-such-message\", which is not an input message"),
+        "{unknown}"
+    );
+    // Through the binary: the turn fails with status 4 and one line naming the plugin.
+    let output = with("kept").process(&[], history);
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("summary_forger"));
+}

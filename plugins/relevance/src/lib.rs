@@ -1,0 +1,398 @@
+//! `relevance`: recent and relevant (docs/plugins.md#relevance).
+//!
+//! Keeps the pinned messages, the newest `recent` units, and then, while the window has
+//! room (`effective_ctx` messages, and `max_tokens` if set), the older units that best
+//! match the newest user message: BM25 over words, one document per unit, highest score
+//! first, ties to the newer, a unit scoring `min_score` or less never. Kept units stay in
+//! order and whole; the start and never-empty rules of the shared trimming rules hold
+//! ([`history_trim`]). With no match the result is what recency alone keeps.
+//!
+//! The words of each message are counted once and remembered by the message's identity
+//! (its shared allocation, held by the cache so it cannot be reused), so a warm call on a
+//! long history only looks the query's words up.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use history_trim::Pins;
+use plugin_api::structure::{answered_calls, units_with_answers};
+use plugin_api::{
+    ConfigError, ConfigTable, Context, Event, EventKind, HistoryPlugin, LoadContext, Message, Output, RArc,
+    Role, DEFAULT_PER_MESSAGE_TOKENS,
+};
+use rustc_hash::FxHashMap;
+
+/// `recent` when the config does not set it.
+pub const DEFAULT_RECENT: u64 = 8;
+/// BM25's term-frequency saturation and length normalization.
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+
+/// English words too common to say what a message is about (`stop_words` replaces them).
+pub const DEFAULT_STOP_WORDS: &[&str] = &[
+    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at",
+    "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could",
+    "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has",
+    "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it",
+    "its", "just", "me", "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only",
+    "or", "other", "our", "ours", "out", "over", "own", "please", "same", "she", "should", "so", "some",
+    "such", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
+    "through", "to", "too", "under", "until", "up", "us", "very", "was", "we", "were", "what", "when",
+    "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours",
+];
+
+/// The words of one message: how often each occurs, and how many there are.
+#[derive(Debug, Default)]
+struct Terms {
+    counts: FxHashMap<Box<str>, u32>,
+    length: u32,
+}
+
+/// Each message's [`Terms`], by identity, with the call that last saw it.
+#[derive(Default)]
+struct TermCache {
+    call: u64,
+    entries: FxHashMap<usize, (RArc<Message>, Arc<Terms>, u64)>,
+}
+
+/// What is left of the window.
+struct Room {
+    messages: u64,
+    tokens: Option<u64>,
+}
+
+impl Room {
+    /// Takes a unit of `messages` messages and `tokens` tokens if it fits.
+    fn take(&mut self, messages: u64, tokens: u64) -> bool {
+        let fits = messages <= self.messages && self.tokens.is_none_or(|room| tokens <= room);
+        if fits {
+            self.messages -= messages;
+            if let Some(room) = self.tokens.as_mut() {
+                *room -= tokens;
+            }
+        }
+        fits
+    }
+}
+
+pub struct Relevance {
+    pins: Pins,
+    recent: usize,
+    max_tokens: Option<u64>,
+    min_score: f64,
+    stop_words: HashSet<String>,
+    cache: Mutex<TermCache>,
+}
+
+/// The words of `text`: lower-cased, split on everything that is not a letter or digit.
+pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+}
+
+impl Relevance {
+    fn terms_of(&self, message: &Message) -> Terms {
+        let mut terms = Terms::default();
+        for item in message.token_items() {
+            for word in words(item) {
+                if self.stop_words.contains(&word) {
+                    continue;
+                }
+                terms.length += 1;
+                *terms.counts.entry(word.into_boxed_str()).or_default() += 1;
+            }
+        }
+        terms
+    }
+
+    /// The terms of every message, from the cache where the same message was seen before.
+    fn all_terms(&self, history: &[RArc<Message>]) -> Vec<Arc<Terms>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache.call += 1;
+        let call = cache.call;
+        let terms = history
+            .iter()
+            .map(|message| {
+                let key = &**message as *const Message as usize;
+                let entry = cache
+                    .entries
+                    .entry(key)
+                    .or_insert_with(|| (message.clone(), Arc::new(self.terms_of(message)), call));
+                entry.2 = call;
+                entry.1.clone()
+            })
+            .collect();
+        // Forget messages no recent call has seen, once the cache outgrows what is in use.
+        if cache.entries.len() > 2 * history.len() + 1024 {
+            cache.entries.retain(|_, entry| entry.2 + 4 > call);
+        }
+        terms
+    }
+
+    fn select(&self, history: &[RArc<Message>], ctx: &Context) -> Output {
+        let pinned = history_trim::pinned_messages(history, self.pins);
+        let tokens = |i: usize| match self.max_tokens {
+            Some(_) => ctx
+                .tokens()
+                .message(ctx.model.tokenizer, &history[i], DEFAULT_PER_MESSAGE_TOKENS),
+            None => 0,
+        };
+        let costs: Vec<u64> = (0..history.len()).map(tokens).collect();
+        let unpinned_count = pinned.iter().filter(|p| !**p).count() as u64;
+        let total_tokens: u64 = costs.iter().sum();
+        let fits_tokens = |used: u64| self.max_tokens.is_none_or(|max| used <= max);
+        if unpinned_count <= ctx.effective_ctx && fits_tokens(total_tokens) {
+            return Output::unchanged(history);
+        }
+
+        let answers = answered_calls(history);
+        let units: Vec<Vec<usize>> = units_with_answers(history.len(), &answers)
+            .into_iter()
+            .map(|range| range.filter(|&i| !pinned[i]).collect::<Vec<usize>>())
+            .filter(|members| !members.is_empty())
+            .collect();
+        let pinned_tokens: u64 = (0..history.len()).filter(|&i| pinned[i]).map(|i| costs[i]).sum();
+        let unit_tokens: Vec<u64> = units.iter().map(|u| u.iter().map(|&i| costs[i]).sum()).collect();
+        let mut room = Room {
+            messages: ctx.effective_ctx,
+            tokens: self.max_tokens.map(|max| max.saturating_sub(pinned_tokens)),
+        };
+        let take = |unit: usize, room: &mut Room| room.take(units[unit].len() as u64, unit_tokens[unit]);
+
+        // The newest `recent` units, as long as they fit.
+        let mut keep = vec![false; units.len()];
+        let mut oldest_recent = units.len();
+        let mut recent_fit = true;
+        for unit in (0..units.len()).rev().take(self.recent) {
+            if !take(unit, &mut room) {
+                recent_fit = false;
+                break;
+            }
+            keep[unit] = true;
+            oldest_recent = unit;
+        }
+
+        // Then the older units that best match the newest user message.
+        let scores = self.scores(history, &units);
+        if recent_fit {
+            let mut candidates: Vec<usize> = (0..oldest_recent)
+                .filter(|&u| scores[u] > 0.0 && scores[u] > self.min_score)
+                .collect();
+            candidates.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(b.cmp(&a)));
+            for unit in candidates {
+                if room.messages == 0 {
+                    break;
+                }
+                if take(unit, &mut room) {
+                    keep[unit] = true;
+                }
+            }
+        }
+
+        // Start rule: the kept part starts with a user message unless the pinned user
+        // message precedes it.
+        let pinned_user = (0..history.len()).find(|&i| pinned[i] && history[i].role == Role::User);
+        let starts_with_user = |u: usize| history[units[u][0]].role == Role::User;
+        let preceded_by_pinned_user = |u: usize| pinned_user.is_some_and(|p| p < units[u][0]);
+        let mut start_dropped = vec![false; units.len()];
+        for unit in 0..units.len() {
+            if !keep[unit] {
+                continue;
+            }
+            if starts_with_user(unit) || preceded_by_pinned_user(unit) {
+                break;
+            }
+            keep[unit] = false;
+            start_dropped[unit] = true;
+        }
+
+        // Never empty.
+        let mut over_budget = false;
+        if !units.is_empty() && !keep.iter().any(|k| *k) {
+            over_budget = true;
+            let newest = units.len() - 1;
+            let from = if preceded_by_pinned_user(newest) {
+                Some(newest)
+            } else {
+                match (0..units.len()).rposition(starts_with_user) {
+                    Some(last_user_unit) => Some(last_user_unit),
+                    None if pinned_user.is_some() => None,
+                    None => Some(newest),
+                }
+            };
+            if let Some(from) = from {
+                for (unit, flag) in keep.iter_mut().enumerate().skip(from) {
+                    *flag = true;
+                    start_dropped[unit] = false;
+                }
+            }
+        }
+
+        let mut events = Vec::new();
+        let mut kept_messages = pinned.clone();
+        for (unit, members) in units.iter().enumerate() {
+            if keep[unit] {
+                for &i in members {
+                    kept_messages[i] = true;
+                }
+                continue;
+            }
+            let why = if start_dropped[unit] {
+                "not relevant: the kept part must start with a user message"
+            } else {
+                "not relevant"
+            };
+            let saved: u64 = members
+                .iter()
+                .map(|&i| {
+                    ctx.tokens()
+                        .message(ctx.model.tokenizer, &history[i], DEFAULT_PER_MESSAGE_TOKENS)
+                })
+                .sum();
+            events.push(
+                Event::new(
+                    EventKind::MessageRemoved,
+                    ctx.turn,
+                    format!("{why} (score {:.3}, {} messages)", scores[unit], members.len()),
+                )
+                .at(members[0], &history[members[0]])
+                .saving(i64::try_from(saved).unwrap_or(i64::MAX)),
+            );
+        }
+        if over_budget {
+            events.push(Event::new(
+                EventKind::OverBudget,
+                ctx.turn,
+                "relevance: nothing that fits starts validly; kept the newest valid part",
+            ));
+        }
+        let kept = history
+            .iter()
+            .zip(&kept_messages)
+            .filter(|(_, keep)| **keep)
+            .map(|(m, _)| m.clone());
+        Output::new(kept, events)
+    }
+
+    /// Each unit's BM25 score against the newest user message's words (the query), with
+    /// every unit a document.
+    fn scores(&self, history: &[RArc<Message>], units: &[Vec<usize>]) -> Vec<f64> {
+        let Some(question) = history.iter().rev().find(|m| m.role == Role::User) else {
+            return vec![0.0; units.len()];
+        };
+        let mut query: Vec<String> = Vec::new();
+        for item in question.content.items() {
+            for word in words(item) {
+                if !self.stop_words.contains(&word) && !query.contains(&word) {
+                    query.push(word);
+                }
+            }
+        }
+        if query.is_empty() || units.is_empty() {
+            return vec![0.0; units.len()];
+        }
+        let terms = self.all_terms(history);
+        // Per unit: its length and each query word's count.
+        let mut lengths = Vec::with_capacity(units.len());
+        let mut counts = vec![0u32; units.len() * query.len()];
+        for (unit, members) in units.iter().enumerate() {
+            let mut length = 0u64;
+            for &i in members {
+                let t = &terms[i];
+                length += u64::from(t.length);
+                if t.counts.is_empty() {
+                    continue;
+                }
+                for (q, word) in query.iter().enumerate() {
+                    if let Some(n) = t.counts.get(word.as_str()) {
+                        counts[unit * query.len() + q] += n;
+                    }
+                }
+            }
+            lengths.push(length as f64);
+        }
+        let documents = units.len() as f64;
+        let average = (lengths.iter().sum::<f64>() / documents).max(1.0);
+        let idf: Vec<f64> = (0..query.len())
+            .map(|q| {
+                let df = (0..units.len())
+                    .filter(|&u| counts[u * query.len() + q] > 0)
+                    .count() as f64;
+                (1.0 + (documents - df + 0.5) / (df + 0.5)).ln()
+            })
+            .collect();
+        (0..units.len())
+            .map(|unit| {
+                let norm = K1 * (1.0 - B + B * lengths[unit] / average);
+                (0..query.len())
+                    .map(|q| {
+                        let tf = f64::from(counts[unit * query.len() + q]);
+                        if tf == 0.0 {
+                            0.0
+                        } else {
+                            idf[q] * tf * (K1 + 1.0) / (tf + norm)
+                        }
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+}
+
+impl HistoryPlugin for Relevance {
+    const NAME: &'static str = "relevance";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const SUMMARY: &'static str =
+        "recent and relevant: pinned messages, the newest units, then older units matching the newest user message (BM25)";
+    const CONFIG_KEYS: &'static [(&'static str, &'static str)] = &[
+        ("recent", "the newest units always kept (default 8)"),
+        (
+            "max_tokens",
+            "a token window on top of effective_ctx messages (default: none)",
+        ),
+        (
+            "min_score",
+            "older units scoring this or less are never kept (default 0)",
+        ),
+        ("pin_system", "keep the leading system messages (default true)"),
+        (
+            "pin_first_user",
+            "keep the first user message, the task (default true)",
+        ),
+        (
+            "stop_words",
+            "words ignored when matching (default: a list of common English words)",
+        ),
+    ];
+
+    fn new(load: &LoadContext) -> Result<Self, ConfigError> {
+        let mut config = ConfigTable::parse(&load.config_json)?;
+        let recent = config.u64("recent")?.unwrap_or(DEFAULT_RECENT);
+        let max_tokens = config.positive("max_tokens")?;
+        let min_score = config.number("min_score")?.unwrap_or(0.0);
+        let pins = Pins {
+            system: config.bool("pin_system")?.unwrap_or(true),
+            first_user: config.bool("pin_first_user")?.unwrap_or(true),
+        };
+        let stop_words = match config.strings("stop_words")? {
+            Some(words) => words.iter().map(|w| w.to_lowercase()).collect(),
+            None => DEFAULT_STOP_WORDS.iter().map(|w| w.to_string()).collect(),
+        };
+        config.finish()?;
+        Ok(Relevance {
+            pins,
+            recent: usize::try_from(recent).unwrap_or(usize::MAX),
+            max_tokens,
+            min_score,
+            stop_words,
+            cache: Mutex::new(TermCache::default()),
+        })
+    }
+
+    fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
+        Ok(self.select(history, ctx))
+    }
+}
+
+plugin_api::export_plugin!(Relevance);
