@@ -23,6 +23,7 @@
 //!
 //! `ARCHITECTURE.md` at the workspace root shows how a turn flows through these.
 
+mod bpe;
 pub mod chain;
 pub mod check;
 pub mod compat;
@@ -32,9 +33,9 @@ mod elf;
 pub mod expand;
 mod loader;
 pub mod logging;
-mod o200k;
 pub mod output;
 pub mod probe;
+mod rank_table;
 pub mod selfcheck;
 pub mod services;
 pub mod summary;
