@@ -12,6 +12,9 @@
 //!                                      build everything in release, install the plugins
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
+//! cargo xtask fuzz [--time S] [--target NAME] [--seed N]
+//!                                      the fuzz targets (fuzz/): their corpus, then
+//!                                      mutations for S seconds in all (default 60)
 //! ```
 //!
 //! Every task acts on the workspace the current directory is in (see [`workspace`]).
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Some("new-plugin") => new_plugin(rest),
         Some("gen-history") => gen_history(rest).map_err(Failure::from),
         Some("bench") => bench(rest).map_err(Failure::from),
+        Some("fuzz") => fuzz(rest).map_err(Failure::from),
         Some(other) => Err(Failure::Usage(format!("unknown task `{other}`"))),
         None => Err(Failure::Usage("no task given".to_string())),
     };
@@ -84,6 +88,9 @@ usage: cargo xtask <task>
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
                               build in release, install into target/bench-plugins and
                               measure the chain against its floor
+  fuzz [--time S] [--target NAME] [--seed N]
+                              run the fuzz targets (fuzz/) on their corpus, then on
+                              mutations of it for S seconds in all (default 60)
   help, -h, --help            print this
 Installing removes every other plugin library from the install folder.
 ";
@@ -92,6 +99,8 @@ Installing removes every other plugin library from the install folder.
 /// `target/bench-plugins`, never with the shipped plugins).
 const BENCH_PACKAGE: &str = "history-bench";
 const FLOOR_PLUGIN: &str = "history_plugin_floor";
+/// The fuzz targets and their driver.
+const FUZZ_PACKAGE: &str = "history-fuzz";
 
 fn run(command: &mut Command) -> Result<()> {
     let status = command
@@ -140,6 +149,21 @@ fn test(args: &[String]) -> Result<()> {
         .current_dir(&root)
         .args(["test", "--workspace"])
         .args(args))
+}
+
+/// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it
+/// shares the test build; a finding fails the task and is saved under
+/// `target/fuzz-findings/`.
+fn fuzz(args: &[String]) -> Result<()> {
+    let root = workspace::current_root()?;
+    let mut args = args.to_vec();
+    if !args.iter().any(|a| a == "--time") {
+        args.extend(["--time".to_string(), "60".to_string()]);
+    }
+    run(cargo()
+        .current_dir(&root)
+        .args(["run", "--quiet", "--package", FUZZ_PACKAGE, "--"])
+        .args(&args))
 }
 
 fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
