@@ -99,6 +99,33 @@ const TOML_WORDS: &[&str] = &[
     "\u{feff}",
 ];
 
+const SERVER_WORDS: &[&str] = &[
+    "\"messages\"",
+    "\"context\"",
+    "\"model\"",
+    "\"command\"",
+    "\"index\"",
+    "\"id\"",
+    "\"expiration_override\"",
+    "\"role\"",
+    "\"content\"",
+    "\"user\"",
+    "\"!model x\"",
+    "\"!maxctx 5 temp\"",
+    "\"!expand 3\"",
+    "\"/clear\"",
+    "\"/history\"",
+    "\"!maxusers 0\"",
+    "\"!sessiontimeout -1\"",
+    "18446744073709551616",
+    "-1",
+    "null",
+    "[]",
+    "{}",
+    ":",
+    ",",
+];
+
 /// Every target.
 pub const TARGETS: &[Target] = &[
     Target {
@@ -115,6 +142,11 @@ pub const TARGETS: &[Target] = &[
         name: "config",
         run: config,
         dictionary: TOML_WORDS,
+    },
+    Target {
+        name: "server_bodies",
+        run: server_bodies,
+        dictionary: SERVER_WORDS,
     },
     Target {
         name: "agentctl_edit",
@@ -167,5 +199,36 @@ pub fn config(data: &[u8]) {
         config.model("gpt-4o");
         config.model("");
         config.models_for_validation();
+    }
+}
+
+/// The session API's request bodies (`history_server::bodies`): the first byte picks the
+/// endpoint, the rest is its body. Every refusal is a 400 with a message; a turn that is
+/// accepted has messages, and they pass the history checks.
+pub fn server_bodies(data: &[u8]) {
+    use history_server::bodies;
+    let Some((&endpoint, body)) = data.split_first() else {
+        return;
+    };
+    let refusal = match endpoint % 5 {
+        0 => bodies::create(body).err(),
+        1 => match bodies::turn(body) {
+            Ok(input) => {
+                assert!(!input.messages.is_empty(), "an accepted turn has messages");
+                check_history(&input.messages);
+                None
+            }
+            Err(refusal) => Some(refusal),
+        },
+        2 => bodies::model(body).err(),
+        3 => bodies::command(body).err(),
+        _ => bodies::expand(body).err(),
+    };
+    if let Some((status, message)) = refusal {
+        assert!(
+            status == 400 || status == 404,
+            "a body is refused with a 400, not {status}: {message}"
+        );
+        assert!(!message.is_empty(), "a refusal says why");
     }
 }
