@@ -33,6 +33,8 @@
 //!   entered it (1.0 = nothing tokenized twice).
 //! - **peak RSS** of the process after the replays (VmHWM).
 
+mod big;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -79,6 +81,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("gen-history") => gen_history(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("big") => big::big(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
     };
     match result {
@@ -95,6 +98,9 @@ usage: history-bench <command>
   gen-history [--turns N] [--seed S]    print a generated agent history (JSON array)
   run --plugin-dir DIR [--json] [--input FILE] [--max-tokens K] [--runs R] [--seed S]
                                         measure the chain installed in DIR
+  big --host FILE --plugin-dir DIR [--case NAME]
+                                        huge inputs through history-host process:
+                                        time, exit status, peak RSS
 ";
 
 /// The value after flag `name`, parsed.

@@ -8,7 +8,7 @@
 //!                                      standalone crate in D)
 //! cargo xtask gen-history [--turns N] [--seed S]
 //!                                      print a generated agent history (JSON array)
-//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R]
+//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R] | --big [--case C]
 //!                                      build everything in release, install the plugins
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
@@ -88,6 +88,8 @@ usage: cargo xtask <task>
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
                               build in release, install into target/bench-plugins and
                               measure the chain against its floor
+  bench --big [--case NAME]   the same build, then huge inputs through history-host
+                              process: time, exit status, peak RSS
   fuzz [--time S] [--target NAME] [--seed N]
                               run the fuzz targets (fuzz/) on their corpus, then on
                               mutations of it for S seconds in all (default 60)
@@ -245,5 +247,21 @@ fn bench(args: &[String]) -> Result<()> {
     }
     .run()?;
     let plugin_dir = dir.display().to_string();
+    if let Some(at) = args.iter().position(|a| a == "--big") {
+        // The huge inputs through the release host (bench/src/big.rs), instead of the
+        // chain measurements.
+        let mut rest = args.to_vec();
+        rest.remove(at);
+        let host = metadata
+            .target_dir
+            .join("release/history-host")
+            .display()
+            .to_string();
+        return history_bench(
+            &root,
+            &["big", "--host", &host, "--plugin-dir", &plugin_dir],
+            &rest,
+        );
+    }
     history_bench(&root, &["run", "--plugin-dir", &plugin_dir], args)
 }
