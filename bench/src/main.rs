@@ -30,11 +30,13 @@
 //!   ([`history_bench::fan_out`]), the chain and the floor on it, cold and warm, per
 //!   plugin: every lookup of the call a result answers happens once per result here, so
 //!   a lookup that scans the calls shows as seconds instead of milliseconds.
-//! - **tokens**: `o200k_base` throughput of the host's counter on the replay's text, on its
+//! - **tokens**: `o200k_base` (and `cl100k_base`) throughput of the host's counter on the replay's text, on its
 //!   worst cases (a megabyte of one letter, and of random A/C/G/T: each a single piece for
 //!   the byte-pair merge), and the bytes tokenized during a replay over the bytes that
 //!   entered it (1.0 = nothing tokenized twice).
 //! - **peak RSS** of the process after the replays (VmHWM).
+
+mod big;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("gen-history") => gen_history(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("big") => big::big(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
     };
     match result {
@@ -103,6 +106,9 @@ usage: history-bench <command>
   run --plugin-dir DIR [--json] [--input FILE] [--max-tokens K] [--runs R] [--seed S]
       [--plugin-timeout-ms MS]          measure the chain installed in DIR (MS: the
                                         per-call deadline, default the host's; 0 = none)
+  big --host FILE --plugin-dir DIR [--case NAME]
+                                        huge inputs through history-host process:
+                                        time, exit status, peak RSS
 ";
 
 /// The value after flag `name`, parsed.
@@ -401,9 +407,9 @@ fn strategy_singles(bench: &Bench, values: &[Value], warm_calls: usize) -> Resul
     Ok(Value::Object(table))
 }
 
-/// `o200k_base` throughput of the host's counter on the history's items, MB/s, and the
-/// time to count them all once (median of 3): the part of a replay no chain can avoid.
-fn token_throughput(values: &[Value]) -> Result<(f64, Duration)> {
+/// The host counter's throughput on the history's items, MB/s, and the time to count them
+/// all once (median of 3): the part of a replay no chain can avoid.
+fn token_throughput(values: &[Value], tokenizer: Tokenizer) -> Result<(f64, Duration)> {
     let history = parse(values)?;
     let items: Vec<&str> = history.iter().flat_map(|m| m.token_items()).collect();
     let bytes: usize = items.iter().map(|i| i.len()).sum();
@@ -412,7 +418,7 @@ fn token_throughput(values: &[Value]) -> Result<(f64, Duration)> {
         let started = Instant::now();
         let mut total = 0;
         for item in &items {
-            total += tokens::count_text(Tokenizer::O200kBase, item);
+            total += tokens::count_text(tokenizer, item);
         }
         std::hint::black_box(total);
         times.push(started.elapsed());
@@ -513,6 +519,9 @@ fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
     tokens::count_text(Tokenizer::O200kBase, "warm up");
     let tokenizer_init = started.elapsed();
+    let started = Instant::now();
+    tokens::count_text(Tokenizer::Cl100kBase, "warm up");
+    let cl100k_init = started.elapsed();
     let names = bench.chain.names().join(", ");
     eprintln!(
         "chain measured: {names}{}; floor: {} × floor",
@@ -573,7 +582,8 @@ fn run(args: &[String]) -> Result<()> {
     let strategies_single = strategy_singles(&bench, &single_values, WARM_CALLS)?;
     let fanout_values = fan_out(FANOUT_CALLS);
     let (chain_fanout, floor_fanout) = singles(&bench, &fanout_values, FANOUT_WARM_CALLS)?;
-    let (throughput, counting) = token_throughput(&replay_history)?;
+    let (throughput, counting) = token_throughput(&replay_history, Tokenizer::O200kBase)?;
+    let (cl100k_throughput, _) = token_throughput(&replay_history, Tokenizer::Cl100kBase)?;
     let (one_letter, acgt) = worst_token_throughput();
 
     let per_plugin = |single: &Single| -> BTreeMap<String, f64> {
@@ -657,12 +667,14 @@ fn run(args: &[String]) -> Result<()> {
             "o200k_worst_mb_per_s": round(one_letter.min(acgt), 2),
             "o200k_one_letter_mb_per_s": round(one_letter, 2),
             "o200k_acgt_mb_per_s": round(acgt, 2),
+            "cl100k_mb_per_s": round(cl100k_throughput, 2),
             "bytes_tokenized_ratio": round(tokenized_ratio, 4),
             "bytes_tokenized": first.bytes_tokenized,
             "bytes_entered": first.bytes_entered,
         },
         "peak_rss_mb": round(peak_rss, 1),
         "tokenizer_init_ms": round(ms(tokenizer_init), 1),
+        "cl100k_init_ms": round(ms(cl100k_init), 1),
     });
     if json_out {
         println!("{report}");
@@ -763,13 +775,14 @@ fn print_table(r: &Value) {
         tokens["o200k_one_letter_mb_per_s"],
         tokens["o200k_acgt_mb_per_s"]
     );
+    println!("           cl100k_base {} MB/s", tokens["cl100k_mb_per_s"]);
     println!(
         "           bytes tokenized / entered over a replay: {}",
         tokens["bytes_tokenized_ratio"]
     );
     println!("peak RSS   {} MB (after the replays)", r["peak_rss_mb"]);
     println!(
-        "o200k_base load {} ms (once per process, before the measurements)",
-        r["tokenizer_init_ms"]
+        "o200k_base load {} ms, cl100k_base load {} ms (once per process, before the measurements)",
+        r["tokenizer_init_ms"], r["cl100k_init_ms"]
     );
 }

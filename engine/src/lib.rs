@@ -23,6 +23,7 @@
 //!
 //! `ARCHITECTURE.md` at the workspace root shows how a turn flows through these.
 
+mod bpe;
 pub mod chain;
 /// The output check: plugin-api's, so a plugin's own tests run the same code.
 pub use plugin_api::check;
@@ -34,9 +35,9 @@ mod elf;
 pub mod expand;
 mod loader;
 pub mod logging;
-mod o200k;
 pub mod output;
 pub mod probe;
+mod rank_table;
 pub mod selfcheck;
 pub mod services;
 pub mod summary;

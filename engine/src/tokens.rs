@@ -1,5 +1,6 @@
 //! The host's token counter (SPEC §5.2): tiktoken's real `o200k_base` and `cl100k_base`
-//! encodings (embedded in tiktoken-rs, no network) and `chars4`, offered to every plugin
+//! encodings (tiktoken-rs's ranks, built into the binary as tables looked up in place: see
+//! `bpe`; ready at once, no network) and `chars4`, offered to every plugin
 //! through the host services (`services`). Counts are cached at two levels, so nothing is
 //! tokenized twice:
 //!
@@ -40,12 +41,12 @@ pub fn count_text(tokenizer: Tokenizer, text: &str) -> u64 {
         Tokenizer::Chars4 => (text.chars().count() as u64).div_ceil(4),
         Tokenizer::O200kBase => {
             BYTES_TOKENIZED.fetch_add(text.len() as u64, Ordering::Relaxed);
-            // tiktoken's counts, twice as fast as tiktoken-rs's encode (see `o200k`).
-            crate::o200k::count(text)
+            // tiktoken's counts, twice as fast as tiktoken-rs's encode (see `bpe`).
+            crate::bpe::o200k_base().count(text)
         }
         Tokenizer::Cl100kBase => {
             BYTES_TOKENIZED.fetch_add(text.len() as u64, Ordering::Relaxed);
-            tiktoken_rs::cl100k_base_singleton().encode_ordinary(text).len() as u64
+            crate::bpe::cl100k_base().count(text)
         }
     }
 }

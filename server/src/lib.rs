@@ -17,6 +17,50 @@ use history_sessions::{Options, Service};
 
 pub use auth::operator_token;
 
+/// The request bodies of the endpoints that take one, parsed as the endpoints parse them
+/// but without a service (the fuzz targets in fuzz/ drive these). `Ok` is what the
+/// endpoint would go on with; `Err` is the status and message it would answer.
+pub mod bodies {
+    use history_sessions::{Command, TurnInput};
+    use serde_json::Value;
+
+    use crate::routes;
+
+    type Answer<T> = Result<T, (u16, String)>;
+
+    fn answer<T>(result: Result<T, routes::ApiError>) -> Answer<T> {
+        result.map_err(|e| {
+            let (status, message) = e.parts();
+            (status, message.to_string())
+        })
+    }
+
+    /// `POST /v1/sessions`.
+    pub fn create(bytes: &[u8]) -> Answer<(Option<String>, Option<Value>)> {
+        answer(routes::create_body(bytes))
+    }
+
+    /// `POST /v1/sessions/{id}/turns`.
+    pub fn turn(bytes: &[u8]) -> Answer<TurnInput> {
+        answer(routes::turn_body(bytes))
+    }
+
+    /// `POST /v1/sessions/{id}/model`.
+    pub fn model(bytes: &[u8]) -> Answer<String> {
+        answer(routes::model_body(bytes))
+    }
+
+    /// `POST /v1/sessions/{id}/commands`.
+    pub fn command(bytes: &[u8]) -> Answer<Command> {
+        answer(routes::command_body(bytes))
+    }
+
+    /// `POST /v1/sessions/{id}/expand`.
+    pub fn expand(bytes: &[u8]) -> Answer<String> {
+        answer(routes::expand_body(bytes))
+    }
+}
+
 /// The address the service listens on unless told otherwise: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 

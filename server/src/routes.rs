@@ -94,6 +94,13 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The status and the error's message, as the response gives them.
+    pub(crate) fn parts(&self) -> (u16, &str) {
+        (self.status.as_u16(), &self.message)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
@@ -138,19 +145,23 @@ fn operator(app: &App, headers: &HeaderMap) -> Result<()> {
     })
 }
 
-/// The body as a JSON object; an empty body is `{}`. Too large a body is a 413.
-fn object(body: std::result::Result<Bytes, BytesRejection>) -> Result<Map<String, Value>> {
-    let bytes = body.map_err(|rejection| {
+/// The body's bytes. Too large a body is a 413.
+fn bytes(body: std::result::Result<Bytes, BytesRejection>) -> Result<Bytes> {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             too_large()
         } else {
             ApiError::bad_input(format!("cannot read the body: {}", rejection.body_text()))
         }
-    })?;
+    })
+}
+
+/// The body as a JSON object; an empty body is `{}`.
+fn object(bytes: &[u8]) -> Result<Map<String, Value>> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
-    match serde_json::from_slice::<Value>(&bytes) {
+    match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(object)) => Ok(object),
         Ok(_) => Err(ApiError::bad_input("the body must be a JSON object")),
         Err(e) => Err(ApiError::bad_input(format!("the body is not valid JSON: {e}"))),
@@ -182,15 +193,8 @@ async fn create(
     State(app): State<App>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let body = object(body)?;
-    only(&body, &["model", "expiration_override"])?;
-    let info = app
-        .service
-        .create(
-            string_member(&body, "model")?,
-            body.get("expiration_override").cloned(),
-        )
-        .await?;
+    let (model, expiration_override) = create_body(&bytes(body)?)?;
+    let info = app.service.create(model, expiration_override).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"id": info.id, "model": info.model, "effective_ctx": info.effective_ctx})),
@@ -209,7 +213,25 @@ async fn turn(
     Path(id): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>> {
-    let body = object(body)?;
+    let input = turn_body(&bytes(body)?)?;
+    let outcome = app.service.turn(&id, input).await?;
+    Ok(Json(turn_json(&outcome)))
+}
+
+/// `POST /v1/sessions`: the model and the expiration override.
+pub(crate) fn create_body(bytes: &[u8]) -> Result<(Option<String>, Option<Value>)> {
+    let body = object(bytes)?;
+    only(&body, &["model", "expiration_override"])?;
+    Ok((
+        string_member(&body, "model")?,
+        body.get("expiration_override").cloned(),
+    ))
+}
+
+/// `POST /v1/sessions/{id}/turns`: the turn's input, checked as far as it can be without
+/// the session.
+pub(crate) fn turn_body(bytes: &[u8]) -> Result<TurnInput> {
+    let body = object(bytes)?;
     only(&body, &["messages", "model", "context"])?;
     let messages = match body.get("messages") {
         None => return Err(ApiError::bad_input("missing \"messages\"")),
@@ -223,13 +245,11 @@ async fn turn(
         None | Some(Value::Null) => Vec::new(),
         Some(value) => ContextItem::parse_list(value)?,
     };
-    let input = TurnInput {
+    Ok(TurnInput {
         messages,
         model: string_member(&body, "model")?,
         context,
-    };
-    let outcome = app.service.turn(&id, input).await?;
-    Ok(Json(turn_json(&outcome)))
+    })
 }
 
 async fn model(
@@ -237,9 +257,7 @@ async fn model(
     Path(id): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>> {
-    let body = object(body)?;
-    only(&body, &["model"])?;
-    let model = string_member(&body, "model")?.ok_or_else(|| ApiError::bad_input("missing \"model\""))?;
+    let model = model_body(&bytes(body)?)?;
     let outcome = app.service.switch_model(&id, model).await?;
     Ok(Json(switch_json(&outcome)))
 }
@@ -250,15 +268,27 @@ async fn command(
     headers: HeaderMap,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>> {
-    let body = object(body)?;
-    only(&body, &["command"])?;
-    let line = string_member(&body, "command")?.ok_or_else(|| ApiError::bad_input("missing \"command\""))?;
-    let command = Command::parse(&line)?;
+    let command = command_body(&bytes(body)?)?;
     app.service.info(&id)?;
     if command.is_host_wide() {
         operator(&app, &headers)?;
     }
     Ok(Json(app.service.command(&id, command).await?))
+}
+
+/// `POST /v1/sessions/{id}/model`: the model.
+pub(crate) fn model_body(bytes: &[u8]) -> Result<String> {
+    let body = object(bytes)?;
+    only(&body, &["model"])?;
+    string_member(&body, "model")?.ok_or_else(|| ApiError::bad_input("missing \"model\""))
+}
+
+/// `POST /v1/sessions/{id}/commands`: the command.
+pub(crate) fn command_body(bytes: &[u8]) -> Result<Command> {
+    let body = object(bytes)?;
+    only(&body, &["command"])?;
+    let line = string_member(&body, "command")?.ok_or_else(|| ApiError::bad_input("missing \"command\""))?;
+    Ok(Command::parse(&line)?)
 }
 
 async fn history(
@@ -316,7 +346,13 @@ async fn expand(
     Path(id): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>> {
-    let body = object(body)?;
+    let target = expand_body(&bytes(body)?)?;
+    Ok(Json(app.service.command(&id, Command::Expand(target)).await?))
+}
+
+/// `POST /v1/sessions/{id}/expand`: the message to expand, by index or id.
+pub(crate) fn expand_body(bytes: &[u8]) -> Result<String> {
+    let body = object(bytes)?;
     only(&body, &["index", "id"])?;
     let target = match (body.get("index"), body.get("id")) {
         (Some(index), None) => index
@@ -331,7 +367,7 @@ async fn expand(
         }
         _ => return Err(ApiError::bad_input("give exactly one of \"index\" and \"id\"")),
     };
-    Ok(Json(app.service.command(&id, Command::Expand(target)).await?))
+    Ok(target)
 }
 
 async fn delete(State(app): State<App>, Path(id): Path<String>) -> Result<StatusCode> {

@@ -8,10 +8,13 @@
 //!                                      standalone crate in D)
 //! cargo xtask gen-history [--turns N] [--seed S]
 //!                                      print a generated agent history (JSON array)
-//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R]
+//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R] | --big [--case C]
 //!                                      build everything in release, install the plugins
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
+//! cargo xtask fuzz [--time S] [--target NAME] [--seed N]
+//!                                      the fuzz targets (fuzz/): their corpus, then
+//!                                      mutations for S seconds in all (default 60)
 //! ```
 //!
 //! Every task acts on the workspace the current directory is in (see [`workspace`]).
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Some("new-plugin") => new_plugin(rest),
         Some("gen-history") => gen_history(rest).map_err(Failure::from),
         Some("bench") => bench(rest).map_err(Failure::from),
+        Some("fuzz") => fuzz(rest).map_err(Failure::from),
         Some(other) => Err(Failure::Usage(format!("unknown task `{other}`"))),
         None => Err(Failure::Usage("no task given".to_string())),
     };
@@ -85,6 +89,11 @@ usage: cargo xtask <task>
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
                               build in release, install into target/bench-plugins and
                               measure the chain against its floor
+  bench --big [--case NAME]   the same build, then huge inputs through history-host
+                              process: time, exit status, peak RSS
+  fuzz [--time S] [--target NAME] [--seed N]
+                              run the fuzz targets (fuzz/) on their corpus, then on
+                              mutations of it for S seconds in all (default 60)
   help, -h, --help            print this
 Installing removes every other plugin library from the install folder.
 ";
@@ -93,6 +102,8 @@ Installing removes every other plugin library from the install folder.
 /// `target/bench-plugins`, never with the shipped plugins).
 const BENCH_PACKAGE: &str = "history-bench";
 const FLOOR_PLUGIN: &str = "history_plugin_floor";
+/// The fuzz targets and their driver.
+const FUZZ_PACKAGE: &str = "history-fuzz";
 
 fn run(command: &mut Command) -> Result<()> {
     let status = command
@@ -159,6 +170,21 @@ fn python_env(target_dir: &Path) -> Result<()> {
     eprintln!("xtask: creating {} with the openai client", venv.display());
     run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
     run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "openai"]))
+}
+
+/// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it
+/// shares the test build; a finding fails the task and is saved under
+/// `target/fuzz-findings/`.
+fn fuzz(args: &[String]) -> Result<()> {
+    let root = workspace::current_root()?;
+    let mut args = args.to_vec();
+    if !args.iter().any(|a| a == "--time") {
+        args.extend(["--time".to_string(), "60".to_string()]);
+    }
+    run(cargo()
+        .current_dir(&root)
+        .args(["run", "--quiet", "--package", FUZZ_PACKAGE, "--"])
+        .args(&args))
 }
 
 fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
@@ -240,5 +266,21 @@ fn bench(args: &[String]) -> Result<()> {
     }
     .run()?;
     let plugin_dir = dir.display().to_string();
+    if let Some(at) = args.iter().position(|a| a == "--big") {
+        // The huge inputs through the release host (bench/src/big.rs), instead of the
+        // chain measurements.
+        let mut rest = args.to_vec();
+        rest.remove(at);
+        let host = metadata
+            .target_dir
+            .join("release/history-host")
+            .display()
+            .to_string();
+        return history_bench(
+            &root,
+            &["big", "--host", &host, "--plugin-dir", &plugin_dir],
+            &rest,
+        );
+    }
     history_bench(&root, &["run", "--plugin-dir", &plugin_dir], args)
 }

@@ -1,19 +1,23 @@
-//! Counting `o200k_base` tokens without fancy-regex: the same counts as tiktoken-rs's
-//! `encode_ordinary(text).len()`, about twice as fast (`cargo xtask bench`'s replay spends
-//! most of its time counting new messages; see the commit that added this).
+//! Counting `o200k_base` and `cl100k_base` tokens without fancy-regex and without loading
+//! a vocabulary: the same counts as tiktoken-rs's `encode_ordinary(text).len()`, about
+//! twice as fast, and ready at once (tiktoken-rs decodes and hashes a vocabulary on first
+//! use: about half a second for o200k_base in a release build, three in a debug build).
 //!
-//! tiktoken splits text with a pattern whose `\s+(?!\S)` branch needs a look-ahead, so it
-//! runs fancy-regex's backtracking VM for every piece. Here the look-ahead is done by hand:
-//! the pattern's last two branches `\s+(?!\S)|\s+` become `\s+`, and a whitespace run that
-//! only they can have matched (no line break: `\s*[\r\n]+` comes first and takes every run
-//! holding one) gives back its last character when a non-whitespace character follows —
-//! exactly what the look-ahead does. The rest of the pattern is tiktoken's, run by the
-//! `regex` crate's engine anchored at each piece. The ranks are tiktoken-rs's own, and so is
-//! the byte-pair merge of short pieces (`byte_pair_split`); long pieces go through
-//! [`merge_count`], the same merge with a heap, because tiktoken-rs's rescans every part
-//! after each merge: quadratic in the piece, and a piece can be a whole message (a long
-//! run of letters is one piece). `tests` compares the counts with tiktoken-rs on tricky,
-//! random and long text.
+//! The ranks are tiktoken-rs's own, turned by `build.rs` into a table that is looked up in
+//! place ([`RankTable`]). tiktoken splits text with a pattern whose `\s+(?!\S)` branch
+//! needs a look-ahead, so it runs fancy-regex's backtracking VM for every piece. Here the
+//! look-ahead is done by hand: the pattern's last two branches (`\s+(?!\S)|\s+` in
+//! o200k_base, `\s+(?!\S)|\s` in cl100k_base) become `\s+`, and a whitespace run that only
+//! they can have matched (no line break: a branch before them takes every run holding
+//! one) gives back its last character when a non-whitespace character follows — exactly
+//! what the look-ahead does. cl100k_base's possessive quantifiers (`?+`, `++`) change
+//! nothing where they stand (what follows them cannot match what they would give back),
+//! so they become plain ones. The rest of each pattern is tiktoken's, run by the `regex`
+//! crate's engine anchored at each piece. Short pieces are merged as tiktoken merges them
+//! ([`short_merge_count`]); long pieces go through [`merge_count`], the same merge with a
+//! heap, because rescanning every part after each merge is quadratic in the piece, and a
+//! piece can be a whole message (a long run of letters is one piece). `tests` compares
+//! the counts with tiktoken-rs on tricky, random and long text.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -21,11 +25,13 @@ use std::sync::OnceLock;
 
 use regex_automata::meta::Regex;
 use regex_automata::{Anchored, Input};
-use rustc_hash::FxHashMap;
-use tiktoken_rs::{byte_pair_split, Rank};
+
+use crate::rank_table::RankTable;
+
+type Rank = u32;
 
 /// tiktoken-rs's `O200K_BASE_PAT_STR` with `\s+(?!\S)|\s+` folded into `\s+`.
-const PATTERN: &str = concat!(
+const O200K_PATTERN: &str = concat!(
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     "|",
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -39,72 +45,83 @@ const PATTERN: &str = concat!(
     r"\s+",
 );
 
-type Ranks = FxHashMap<Vec<u8>, Rank>;
+/// tiktoken-rs's cl100k_base pattern,
+/// `'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s`,
+/// with plain quantifiers for the possessive ones and `\s+(?!\S)|\s` folded into `\s+`.
+const CL100K_PATTERN: &str = concat!(
+    r"'(?i:[sdmt]|ll|ve|re)",
+    "|",
+    r"[^\r\n\p{L}\p{N}]?\p{L}+",
+    "|",
+    r"\p{N}{1,3}",
+    "|",
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+    "|",
+    r"\s+$",
+    "|",
+    r"\s*[\r\n]",
+    "|",
+    r"\s+",
+);
 
-struct Encoding {
+static O200K_RANKS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k_base.ranks"));
+static CL100K_RANKS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_base.ranks"));
+
+/// One BPE encoding: its splitting pattern and its ranks.
+pub(crate) struct Encoding {
     split: Regex,
-    ranks: Ranks,
+    ranks: RankTable<'static>,
 }
 
-fn encoding() -> &'static Encoding {
+/// The `o200k_base` encoding (its pattern is compiled on first use).
+pub(crate) fn o200k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
-    ENCODING.get_or_init(|| {
-        // A CoreBPE of our own, dropped once the ranks are out: the counter keeps only
-        // the map and the pattern (tiktoken-rs's singleton would keep a second copy).
-        let bpe = tiktoken_rs::o200k_base().expect("tiktoken-rs's embedded o200k_base loads");
-        let specials: Vec<Vec<u8>> = bpe
-            .special_tokens()
-            .iter()
-            .map(|s| s.as_bytes().to_vec())
-            .collect();
-        // The ranks are not exported; every ordinary token decodes to its bytes.
-        let mut ranks = FxHashMap::default();
-        for rank in 0..O200K_TOKENS {
-            if let Ok(bytes) = bpe.decode_bytes(&[rank]) {
-                if !specials.contains(&bytes) {
-                    ranks.insert(bytes, rank);
-                }
-            }
-        }
+    ENCODING.get_or_init(|| Encoding::new(O200K_PATTERN, O200K_RANKS))
+}
+
+/// The `cl100k_base` encoding (its pattern is compiled on first use).
+pub(crate) fn cl100k_base() -> &'static Encoding {
+    static ENCODING: OnceLock<Encoding> = OnceLock::new();
+    ENCODING.get_or_init(|| Encoding::new(CL100K_PATTERN, CL100K_RANKS))
+}
+
+impl Encoding {
+    fn new(pattern: &str, ranks: &'static [u8]) -> Encoding {
         Encoding {
-            split: Regex::new(PATTERN).expect("the o200k_base pattern compiles"),
-            ranks,
+            split: Regex::new(pattern).expect("a tiktoken pattern compiles"),
+            ranks: RankTable::new(ranks),
         }
-    })
-}
-
-/// Ranks are below this (ordinary tokens end at 199,997; the special ones are above).
-const O200K_TOKENS: Rank = 200_019;
-
-/// `o200k_base` tokens of `text`, ordinary encoding (no special tokens).
-pub fn count(text: &str) -> u64 {
-    let encoding = encoding();
-    let mut count = 0u64;
-    let mut start = 0;
-    while start < text.len() {
-        let input = Input::new(text).range(start..).anchored(Anchored::Yes);
-        // Every character starts a piece (the last branch takes any whitespace, the
-        // others everything else), so an anchored search always finds one.
-        let found = encoding.split.search(&input).map_or(text.len(), |m| m.end());
-        let end = lookahead_end(text, start, found);
-        let piece = &text.as_bytes()[start..end];
-        count += match encoding.ranks.get(piece) {
-            Some(_) => 1,
-            None => byte_pair_count(piece, &encoding.ranks),
-        };
-        start = end;
     }
-    count
+
+    /// Tokens of `text`, ordinary encoding (no special tokens).
+    pub(crate) fn count(&self, text: &str) -> u64 {
+        let mut count = 0u64;
+        let mut start = 0;
+        while start < text.len() {
+            let input = Input::new(text).range(start..).anchored(Anchored::Yes);
+            // Every character starts a piece (the last branch takes any whitespace, the
+            // others everything else), so an anchored search always finds one.
+            let found = self.split.search(&input).map_or(text.len(), |m| m.end());
+            let end = lookahead_end(text, start, found);
+            let piece = &text.as_bytes()[start..end];
+            count += match self.ranks.get(piece) {
+                Some(_) => 1,
+                None => byte_pair_count(piece, &self.ranks),
+            };
+            start = end;
+        }
+        count
+    }
 }
 
-/// Pieces at least this long are merged by [`merge_count`]; shorter ones by tiktoken-rs,
-/// whose rescan of a few parts beats a heap's bookkeeping.
+/// Pieces at least this long are merged by [`merge_count`]; shorter ones by
+/// [`short_merge_count`], whose rescan of a few parts beats a heap's bookkeeping.
 const LONG_PIECE: usize = 100;
 
 /// Tokens of one piece that is not itself a token: the parts the byte-pair merge leaves.
-fn byte_pair_count(piece: &[u8], ranks: &Ranks) -> u64 {
+fn byte_pair_count(piece: &[u8], ranks: &RankTable) -> u64 {
     if piece.len() < LONG_PIECE {
-        byte_pair_split(piece, ranks).len() as u64
+        short_merge_count(piece, ranks)
     } else {
         merge_count(piece, ranks)
     }
@@ -126,19 +143,19 @@ fn byte_pair_count(piece: &[u8], ranks: &Ranks) -> u64 {
 /// Memory: three `u32` per byte of the piece, and a heap of at most three `u64` per byte.
 /// A piece of 4 GiB or more (more than any message holds in practice) takes tiktoken-rs's
 /// merge instead.
-fn merge_count(piece: &[u8], ranks: &Ranks) -> u64 {
+fn merge_count(piece: &[u8], ranks: &RankTable) -> u64 {
     let len = piece.len();
     if len < 2 {
         return len as u64;
     }
     if u32::try_from(len).is_err() {
-        return byte_pair_split(piece, ranks).len() as u64;
+        return short_merge_count(piece, ranks);
     }
     // No token joins there (no part after, or the bytes are not a token).
     const NONE: Rank = Rank::MAX;
     let rank_of = |start: usize, end: usize| {
         if end <= len {
-            ranks.get(&piece[start..end]).copied().unwrap_or(NONE)
+            ranks.get(&piece[start..end]).unwrap_or(NONE)
         } else {
             NONE
         }
@@ -185,6 +202,48 @@ fn merge_count(piece: &[u8], ranks: &Ranks) -> u64 {
     parts
 }
 
+/// The byte-pair merge as tiktoken does it (`_byte_pair_merge`): the parts' starts and the
+/// rank of joining each with the next, rescanned for the lowest rank after every merge.
+/// Quadratic in the piece, the fastest on short ones.
+fn short_merge_count(piece: &[u8], ranks: &RankTable) -> u64 {
+    if piece.len() < 2 {
+        return piece.len() as u64;
+    }
+    // (start, rank of joining this part with the next).
+    let mut parts: Vec<(usize, Rank)> = Vec::with_capacity(piece.len() + 1);
+    for i in 0..piece.len() - 1 {
+        parts.push((i, ranks.get(&piece[i..i + 2]).unwrap_or(Rank::MAX)));
+    }
+    parts.push((piece.len() - 1, Rank::MAX));
+    parts.push((piece.len(), Rank::MAX));
+    // The rank of joining part i with the next, once part i + 1 is gone.
+    let rank_at = |parts: &Vec<(usize, Rank)>, i: usize| {
+        if i + 3 < parts.len() {
+            ranks.get(&piece[parts[i].0..parts[i + 3].0]).unwrap_or(Rank::MAX)
+        } else {
+            Rank::MAX
+        }
+    };
+    loop {
+        // The lowest rank, the leftmost of equal ones.
+        let (mut rank, mut i) = (Rank::MAX, usize::MAX);
+        for (at, &(_, here)) in parts[..parts.len() - 1].iter().enumerate() {
+            if here < rank {
+                (rank, i) = (here, at);
+            }
+        }
+        if rank == Rank::MAX {
+            break;
+        }
+        if i > 0 {
+            parts[i - 1].1 = rank_at(&parts, i - 1);
+        }
+        parts[i].1 = rank_at(&parts, i);
+        parts.remove(i + 1);
+    }
+    (parts.len() - 1) as u64
+}
+
 /// Where tiktoken's piece `text[start..end]` really ends: a run of whitespace without a
 /// line break, followed by a non-whitespace character, leaves its last character to the
 /// next piece (`\s+(?!\S)`), unless it is a single character (then `\s+` takes it).
@@ -209,8 +268,22 @@ fn lookahead_end(text: &str, start: usize, end: usize) -> usize {
 mod tests {
     use super::*;
 
-    fn reference(text: &str) -> u64 {
+    /// Our count and tiktoken-rs's of `text` in both encodings, which must be equal.
+    fn check(text: &str) {
+        assert_eq!(o200k_base().count(text), o200k(text), "o200k_base: {text:?}");
+        assert_eq!(cl100k_base().count(text), cl100k(text), "cl100k_base: {text:?}");
+    }
+
+    fn o200k(text: &str) -> u64 {
         tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len() as u64
+    }
+
+    fn cl100k(text: &str) -> u64 {
+        tiktoken_rs::cl100k_base_singleton().encode_ordinary(text).len() as u64
+    }
+
+    fn count(text: &str) -> u64 {
+        o200k_base().count(text)
     }
 
     #[test]
@@ -243,16 +316,14 @@ mod tests {
             " \u{a0}x \u{a0} y\u{2003}\u{2003}z",
         ];
         for case in cases {
-            assert_eq!(count(case), reference(case), "{case:?}");
+            check(case);
         }
     }
 
     #[test]
     fn counts_equal_tiktoken_on_the_real_conversations() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/real");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return; // the shared data is beside the repository, not in it
-        };
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/real");
+        let entries = std::fs::read_dir(&dir).unwrap();
         let mut checked = 0;
         for path in entries.map(|e| e.unwrap().path()) {
             // The .json files (the large .jsonl is slow to count twice in a debug build).
@@ -261,7 +332,7 @@ mod tests {
                 let history: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
                 for message in &history {
                     if let Some(content) = message["content"].as_str() {
-                        assert_eq!(count(content), reference(content), "{}", path.display());
+                        check(content);
                         checked += 1;
                     }
                 }
@@ -292,7 +363,7 @@ mod tests {
         // Pieces of every length up to past the switch between the two merges, over
         // alphabets that make long tokens (one letter), many merges (a word, hex digits)
         // and multi-byte characters whose bytes merge first.
-        let ranks = &encoding().ranks;
+        let ranks = &o200k_base().ranks;
         let alphabets = [
             "a",
             "ACGT",
@@ -310,7 +381,7 @@ mod tests {
                 let piece = text.as_bytes();
                 assert_eq!(
                     merge_count(piece, ranks),
-                    byte_pair_split(piece, ranks).len() as u64,
+                    short_merge_count(piece, ranks),
                     "{text:?}"
                 );
             }
@@ -333,7 +404,8 @@ mod tests {
         ];
         for text in &runs {
             let start: String = text.chars().take(8).collect();
-            assert_eq!(count(text), reference(text), "{start:?}…");
+            assert_eq!(count(text), o200k(text), "{start:?}…");
+            assert_eq!(cl100k_base().count(text), cl100k(text), "{start:?}…");
         }
     }
 
@@ -346,16 +418,21 @@ mod tests {
         // the ACGT; for the letter the answer is known: "aaaaaaaa" is a token.
         assert_eq!(count(&"a".repeat(1_000_000)), 125_000);
         let dna = acgt(1_000_000, 11);
-        assert_eq!(count(&dna), reference(&dna));
+        assert_eq!(count(&dna), o200k(&dna));
     }
 
     #[test]
     fn counts_equal_tiktoken_on_random_text() {
         // Random strings over an alphabet of what splits differently: spaces of several
         // kinds, line breaks, letters of both cases and scripts, marks, digits, quotes.
-        let alphabet: Vec<char> = " \t\n\r\u{a0}\u{3000}aZé\u{301}字😀7'/.-_sStT".chars().collect();
+        let alphabet: Vec<char> = " \t\n\r\u{a0}\u{3000}aZé\u{301}字😀7'/.-_sStTlLvVeErRdDmM"
+            .chars()
+            .collect();
+        // 200,000 in a release build (`cargo test --release -p history-engine bpe`), a few
+        // thousand in the debug build the test suite runs.
+        let strings = if cfg!(debug_assertions) { 3_000 } else { 200_000 };
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        for _ in 0..3_000 {
+        for _ in 0..strings {
             let mut text = String::new();
             let len = 1 + (state % 24) as usize;
             for _ in 0..len {
@@ -364,7 +441,7 @@ mod tests {
                 state ^= state << 17;
                 text.push(alphabet[(state % alphabet.len() as u64) as usize]);
             }
-            assert_eq!(count(&text), reference(&text), "{text:?}");
+            check(&text);
         }
     }
 }
