@@ -20,7 +20,7 @@ the times and the ratios:
 3. Ours: `cargo xtask bench --json --input FILE --max-tokens B` (the real host library
    and plugin cdylibs, turn by turn as a session feeds them; replay.total_s).
 
-The token counter is SPEC §5.2's formula on both sides: 3 per message plus each item
+The token counter is docs/plugins.md#token_budget's formula on both sides: 3 per message plus each item
 (content, each tool call's name, each arguments string) encoded separately with the
 ordinary o200k_base encoding. Converting JSON to message objects is not timed on either
 side (parsing is not timed in the bench either).
@@ -104,7 +104,7 @@ def split_turns(messages):
 
 def make_counters(enc):
     def count(m):
-        # SPEC §5.2: per_message_tokens (3) + each item encoded separately.
+        # docs/plugins.md#token_budget: per_message_tokens (3) + each item encoded separately.
         n = 3 + len(enc.encode_ordinary(m.content if isinstance(m.content, str) else ""))
         for call in getattr(m, "tool_calls", None) or []:
             n += len(enc.encode_ordinary(call["name"]))

@@ -1,4 +1,4 @@
-//! `agentctl`: shows and edits `plugins-enabled.toml` (SPEC §6.2).
+//! `agentctl`: shows and edits `plugins-enabled.toml` (docs/cli.md#agentctl).
 //!
 //! Edits keep the operator's comments and layout, are validated by the host's own rules
 //! (the same parser, the plugins' own config validation) before anything is written, and

@@ -1,5 +1,5 @@
 //! `history-bench`: the seeded history generator and the pieces of the measurements of
-//! `cargo xtask bench` (SPEC §8) that are worth testing on their own. The measuring itself
+//! `cargo xtask bench` (docs/chain.md#performance) that are worth testing on their own. The measuring itself
 //! is the `history-bench` binary (`src/main.rs`).
 
 pub mod generator;
@@ -10,7 +10,7 @@ use plugin_api::{Message, RArc, Role};
 
 pub use generator::{fan_out, generate, generate_messages, to_json_text};
 
-/// Splits a history into turns (SPEC §2.3, as a session sees them arrive): a turn starts
+/// Splits a history into turns (docs/wire-format.md#turns, as a session sees them arrive): a turn starts
 /// at each user message; messages before the first user message belong to the first turn.
 pub fn split_turns<T>(history: Vec<T>, is_user: impl Fn(&T) -> bool) -> Vec<Vec<T>> {
     let mut turns: Vec<Vec<T>> = Vec::new();
@@ -31,7 +31,7 @@ pub fn is_user(message: &RArc<Message>) -> bool {
     message.role == Role::User
 }
 
-/// Bytes a BPE tokenizer is handed for a message (SPEC §5.2's items): what entering
+/// Bytes a BPE tokenizer is handed for a message (docs/plugins.md#token_budget's items): what entering
 /// messages "cost" in `bytes_tokenized_ratio`.
 pub fn token_item_bytes(message: &Message) -> u64 {
     message.token_items().map(|item| item.len() as u64).sum()

@@ -1,4 +1,4 @@
-//! `history-bench`: the measurements of `cargo xtask bench` (SPEC §8), and the history
+//! `history-bench`: the measurements of `cargo xtask bench` (docs/chain.md#performance), and the history
 //! generator on the command line. Run it through `cargo xtask bench` / `cargo xtask
 //! gen-history`, which build everything in release and install the plugins first.
 //!
@@ -50,7 +50,7 @@ use plugin_api::wire::parse_history;
 use plugin_api::{Message, ModelInfo, RArc, Tokenizer};
 use serde_json::{json, Value};
 
-/// The full chain of SPEC §4.1, in order; the bench measures the part of it installed.
+/// The full chain of docs/configuration.md, in order; the bench measures the part of it installed.
 const FULL_CHAIN: [&str; 5] = [
     "default",
     "tool_result_filter",

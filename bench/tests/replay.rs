@@ -1,4 +1,4 @@
-//! What SPEC §8 asks of a session's turns, checked on the real `default` library (not
+//! What docs/chain.md#performance asks of a session's turns, checked on the real `default` library (not
 //! timed: CI must not fail on a slow machine): a replay counts every message's tokens
 //! once, and the chain passes kept messages on shared, never copied.
 //!

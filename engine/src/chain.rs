@@ -1,4 +1,4 @@
-//! The chain: loading it from the configuration and running it (SPEC §4.3–§4.5).
+//! The chain: loading it from the configuration and running it (docs/chain.md#the-output-check, docs/chain.md#events-and-logs).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -89,7 +89,7 @@ pub struct StageReport {
     pub quarantined: bool,
     pub elapsed: Duration,
     /// With a previous output to compare against ([`Chain::run_compared`]): the index of
-    /// the first message of this stage's output whose bytes differ from it (§5.2).
+    /// the first message of this stage's output whose bytes differ from it (docs/plugins.md#token_budget).
     pub prefix_kept: Option<usize>,
 }
 
@@ -102,14 +102,14 @@ pub struct ChainRun {
     /// The working history: the last `chain` stage's output, what a session keeps and the
     /// next turn's messages are appended to.
     pub working: Vec<RArc<Message>>,
-    /// Structural faults of the chain's input (accepted and reported, §2.1.1).
+    /// Structural faults of the chain's input (accepted and reported, docs/wire-format.md#input-checks).
     pub input_faults: Vec<String>,
     pub stages: Vec<StageReport>,
     pub messages_in: usize,
     pub tokens_in: u64,
     pub tokens_out: u64,
     /// With a previous output to compare against: the index of the first message of the
-    /// final history whose bytes differ from it (§5.2).
+    /// final history whose bytes differ from it (docs/plugins.md#token_budget).
     pub prefix_kept: Option<usize>,
 }
 
@@ -262,9 +262,9 @@ impl Chain {
         self.view.iter().map(|s| s.name.as_str()).collect()
     }
 
-    /// Runs every plugin in order, checking each output (§4.3) and handling faults by
+    /// Runs every plugin in order, checking each output (docs/chain.md#the-output-check) and handling faults by
     /// `on_plugin_error` and `required`. Message turns and identities are derived once, here,
-    /// before the first plugin (§2.3).
+    /// before the first plugin (docs/wire-format.md#turns).
     pub fn run(
         &self,
         history: Vec<RArc<Message>>,
@@ -624,7 +624,7 @@ impl SharedChain {
     }
 }
 
-/// `prefix_kept` (§5.2): the index of the first message of `history` whose bytes (compact
+/// `prefix_kept` (docs/plugins.md#token_budget): the index of the first message of `history` whose bytes (compact
 /// JSON, [`plugin_api::wire::message_to_string`]) differ from `previous` (the previous
 /// output, already serialized). A message past either end differs; two equal histories
 /// give their length.

@@ -1,4 +1,4 @@
-//! `plugins-enabled.toml` (SPEC §4.1): parsing and validation with errors that name the
+//! `plugins-enabled.toml` (docs/configuration.md): parsing and validation with errors that name the
 //! key and the line. `agentctl` validates its edits with this same code before writing.
 
 use std::path::{Path, PathBuf};
@@ -39,7 +39,7 @@ pub struct UpstreamConfig {
     pub max_connections: u64,
 }
 
-/// `on_plugin_error` (SPEC §4.4).
+/// `on_plugin_error` (docs/chain.md#faults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnPluginError {
     /// Pass the history on as the failing plugin received it, and log a warning.

@@ -1,4 +1,4 @@
-//! The input document of `history-host process` (SPEC §6.1): a bare array of messages, or
+//! The input document of `history-host process` (docs/cli.md#history-host-process): a bare array of messages, or
 //! `{"model": …, "turn": …, "messages": [...]}`.
 
 use plugin_api::echo;
@@ -14,7 +14,7 @@ pub struct InputDocument {
     pub messages: Vec<RArc<Message>>,
 }
 
-/// Parses the document's bytes; errors are bad input (§2.1.1) and say what and where.
+/// Parses the document's bytes; errors are bad input (docs/wire-format.md#input-checks) and say what and where.
 pub fn parse_document(bytes: &[u8]) -> Result<InputDocument, ShapeError> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| ShapeError(format!("input is not valid JSON: {e}")))?;

@@ -1,7 +1,7 @@
-//! Expansion (SPEC §5.6): restoring the original content of a message that a plugin
+//! Expansion (docs/plugins.md#expansion): restoring the original content of a message that a plugin
 //! compacted or replaced with a placeholder.
 //!
-//! It is a host operation on a working history (a session's `!expand I`, §7), not a
+//! It is a host operation on a working history (a session's `!expand I`, docs/sessions.md), not a
 //! plugin: it needs the message the agent points at, by index or id, and it must refuse
 //! clearly — never panic — when that message cannot be expanded.
 

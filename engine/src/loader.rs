@@ -1,4 +1,4 @@
-//! Discovery and loading of plugin libraries (SPEC §3.2, §3.4).
+//! Discovery and loading of plugin libraries (docs/abi.md#loading, docs/abi.md#discovery).
 //!
 //! Each file is loaded with `lib_header_from_path` + `init_root_module_with_unchecked_layout`
 //! — never `RootModule::load_from_file`, which caches one module per type and would hand

@@ -1,4 +1,4 @@
-//! The host's token counter (SPEC §5.2): tiktoken's real `o200k_base` and `cl100k_base`
+//! The host's token counter (docs/plugins.md#token_budget): tiktoken's real `o200k_base` and `cl100k_base`
 //! encodings (tiktoken-rs's ranks, built into the binary as tables looked up in place: see
 //! `bpe`; ready at once, no network) and `chars4`, offered to every plugin
 //! through the host services (`services`). Counts are cached at two levels, so nothing is
@@ -20,7 +20,7 @@ use rustc_hash::FxHasher;
 
 use plugin_api::{Message, RArc, Tokenizer};
 
-/// The per-message overhead of SPEC §5.2's formula when nothing else is configured.
+/// The per-message overhead of docs/plugins.md#token_budget's formula when nothing else is configured.
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 /// Bytes handed to a BPE tokenizer since the process started (`cargo xtask bench` compares

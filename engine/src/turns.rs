@@ -1,4 +1,4 @@
-//! Turns (SPEC §2.3) and message identity, derived once before the first plugin runs.
+//! Turns (docs/wire-format.md#turns) and message identity, derived once before the first plugin runs.
 
 use rustc_hash::FxHashSet as HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +19,7 @@ pub fn prepare(history: &mut [RArc<Message>], current: u64) {
     derive_turns(history, current);
 }
 
-/// Sets every message's `turn` (SPEC §2.3): its own `turn_added` if present; otherwise the
+/// Sets every message's `turn` (docs/wire-format.md#turns): its own `turn_added` if present; otherwise the
 /// k-th newest user message belongs to turn `current − k + 1` (at least 1), any other
 /// message to the turn of the nearest user message before it; messages before the first
 /// user message take the first user message's turn; with no user message, the current turn.

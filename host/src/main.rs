@@ -1,4 +1,4 @@
-//! `history-host`: runs the configured chain of history plugins (SPEC §6.1).
+//! `history-host`: runs the configured chain of history plugins (docs/cli.md#history-host-process).
 //!
 //! Exit status: 0 done (also when the reader closed the pipe early); 2 bad input; 3 a
 //! configuration or plugin-loading error; 4 a turn failed by a plugin under

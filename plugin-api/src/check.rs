@@ -210,7 +210,7 @@ pub fn check_faults(output: &[RArc<Message>], input_faults: usize) -> Result<Fau
     Ok(faults)
 }
 
-/// The §2.1.1 shape rules a typed message can still break: what a plugin built or changed.
+/// The docs/wire-format.md#input-checks shape rules a typed message can still break: what a plugin built or changed.
 pub fn check_shape(message: &Message) -> Result<(), String> {
     if message.role == Role::Tool && message.tool_call_id.is_none() {
         return Err("tool message without tool_call_id".into());

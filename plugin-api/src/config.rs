@@ -1,4 +1,4 @@
-//! Reading and validating a plugin's config table (`[plugin.NAME]`, SPEC §3.1, §4.1).
+//! Reading and validating a plugin's config table (`[plugin.NAME]`, docs/abi.md#the-root-module, docs/configuration.md).
 //!
 //! The host hands `new` the table as JSON text. [`ConfigTable`] reads it key by key with
 //! typed getters and [`ConfigTable::finish`] refuses every key that was not read, so an

@@ -1,4 +1,4 @@
-//! What the host hands a plugin: the per-call [`Context`] (SPEC §3.1), the
+//! What the host hands a plugin: the per-call [`Context`] (docs/abi.md#the-root-module), the
 //! [`LoadContext`] of `new`, and the host services inside them (logging, token counting,
 //! summarizing).
 
@@ -9,7 +9,7 @@ use abi_stable::{
 
 use crate::message::{CompactMode, ExpirationMode, Message};
 
-/// A tokenizer the host can count with (SPEC §5.2).
+/// A tokenizer the host can count with (docs/plugins.md#token_budget).
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tokenizer {
@@ -45,7 +45,7 @@ impl Tokenizer {
     }
 }
 
-/// A model's settings (`[models.NAME]`, SPEC §4.1) and the window it gets.
+/// A model's settings (`[models.NAME]`, docs/configuration.md) and the window it gets.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
@@ -55,11 +55,11 @@ pub struct ModelInfo {
     /// The model's window, in tokens.
     pub context_tokens: u64,
     pub tokenizer: Tokenizer,
-    /// `min(agent_max_ctx, max_context)` (SPEC §4.2).
+    /// `min(agent_max_ctx, max_context)` (docs/configuration.md#effective_ctx).
     pub effective_ctx: u64,
 }
 
-/// A session's expiration override (SPEC §5.5, §7): each set field wins over the
+/// A session's expiration override (docs/plugins.md#retention, docs/sessions.md): each set field wins over the
 /// message's own `expiration` and its tool's defaults.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq, Default)]
@@ -151,7 +151,7 @@ impl std::fmt::Debug for Logger {
 }
 
 /// The host's token counter: real tiktoken encodings loaded once in the host, with each
-/// message's count remembered on the message so nothing is tokenized twice (SPEC §5.2, §8).
+/// message's count remembered on the message so nothing is tokenized twice (docs/plugins.md#token_budget, docs/chain.md#performance).
 #[derive(Clone, Copy)]
 pub struct TokenCounter {
     services: HostServicesRef,
@@ -163,13 +163,13 @@ impl TokenCounter {
         (self.services.count_text())(tokenizer, text.into())
     }
 
-    /// Σ tokens(item) over a message's items (SPEC §5.2), without the per-message
+    /// Σ tokens(item) over a message's items (docs/plugins.md#token_budget), without the per-message
     /// overhead. Cached on the message.
     pub fn content(&self, tokenizer: Tokenizer, message: &Message) -> u64 {
         (self.services.count_content())(tokenizer, message)
     }
 
-    /// A message's tokens by SPEC §5.2: `per_message_tokens + Σ tokens(item)`.
+    /// A message's tokens by docs/plugins.md#token_budget: `per_message_tokens + Σ tokens(item)`.
     pub fn message(&self, tokenizer: Tokenizer, message: &Message, per_message_tokens: u64) -> u64 {
         per_message_tokens + self.content(tokenizer, message)
     }
@@ -181,7 +181,7 @@ impl std::fmt::Debug for TokenCounter {
     }
 }
 
-/// What a plugin gets with every call (SPEC §3.1).
+/// What a plugin gets with every call (docs/abi.md#the-root-module).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct Context {
@@ -192,11 +192,11 @@ pub struct Context {
     pub agent_max_ctx: u64,
     /// `min(agent_max_ctx, model.max_context)`.
     pub effective_ctx: u64,
-    /// The current turn (SPEC §2.3).
+    /// The current turn (docs/wire-format.md#turns).
     pub turn: u64,
     /// The session's last activity (RFC 3339), if any.
     pub last_active: ROption<RString>,
-    /// The session's expiration override (SPEC §5.5), if any.
+    /// The session's expiration override (docs/plugins.md#retention), if any.
     pub expiration_override: ROption<ExpirationOverride>,
     /// The host's services: use [`Context::tokens`], [`Context::log`].
     pub services: HostServicesRef,
@@ -249,7 +249,7 @@ pub struct LoadContext {
     /// `agent_max_ctx` of the configuration.
     pub agent_max_ctx: u64,
     /// Every listed model, so values that depend on a model (a budget ≤ 0, a target not
-    /// below its limit) are checked at load (SPEC §4.1).
+    /// below its limit) are checked at load (docs/configuration.md).
     pub models: RVec<ModelInfo>,
     /// The host's services: use [`LoadContext::log`], [`LoadContext::tokens`].
     pub services: HostServicesRef,

@@ -1,4 +1,4 @@
-//! What a plugin returns: the new history and its lifecycle events (SPEC §4.5).
+//! What a plugin returns: the new history and its lifecycle events (docs/chain.md#events-and-logs).
 
 use abi_stable::{
     std_types::{RArc, ROption, RString, RVec},
@@ -7,7 +7,7 @@ use abi_stable::{
 
 use crate::message::Message;
 
-/// The kinds of lifecycle events (SPEC §4.5), plus `Warning` for a report that is not a
+/// The kinds of lifecycle events (docs/chain.md#events-and-logs), plus `Warning` for a report that is not a
 /// fault (e.g. a retention policy of the wrong length).
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]

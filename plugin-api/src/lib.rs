@@ -50,7 +50,7 @@
 //! (That plugin is for illustration: it can cut a tool call from its result, which the
 //! host's output check refuses. Real trimming keeps whole [`structure::units`].)
 //!
-//! ## Rules (SPEC §3.3)
+//! ## Rules (docs/abi.md#rules)
 //!
 //! - Never mutate the input; return a new history. Pass a message through by cloning its
 //!   `RArc`; change one by cloning the [`Message`], editing the copy and wrapping it in a

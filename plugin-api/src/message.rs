@@ -1,4 +1,4 @@
-//! The message types that cross the ABI boundary (SPEC §2).
+//! The message types that cross the ABI boundary (docs/wire-format.md).
 //!
 //! Every type here is `#[repr(C)]` + `StableAbi`: changing a field is an ABI change
 //! (see the crate docs). The types are *faithful*: a message parsed from JSON and
@@ -89,7 +89,7 @@ impl Part {
         }
     }
 
-    /// The part's text for measuring (SPEC §2.1): the text, or an opaque part's JSON.
+    /// The part's text for measuring (docs/wire-format.md#messages): the text, or an opaque part's JSON.
     pub fn measured_text(&self) -> &str {
         match self {
             Part::Text { text, .. } => text,
@@ -120,7 +120,7 @@ impl Content {
         }
     }
 
-    /// The items measured one by one (SPEC §2.1, §5.2): each text part as it is, each
+    /// The items measured one by one (docs/wire-format.md#messages, docs/plugins.md#token_budget): each text part as it is, each
     /// opaque part as its compact JSON text.
     pub fn items(&self) -> impl Iterator<Item = &str> {
         let (single, parts): (Option<&str>, &[Part]) = match self {
@@ -131,7 +131,7 @@ impl Content {
         single.into_iter().chain(parts.iter().map(Part::measured_text))
     }
 
-    /// The text of the content (SPEC §2.1): its items concatenated with no separator.
+    /// The text of the content (docs/wire-format.md#messages): its items concatenated with no separator.
     pub fn text(&self) -> String {
         match self {
             Content::Text(text) => text.to_string(),
@@ -186,7 +186,7 @@ pub struct ToolCall {
     pub function_extra: RVec<Member>,
 }
 
-/// `expiration.mode` (SPEC §2.2, §5.5).
+/// `expiration.mode` (docs/wire-format.md#metadata, docs/plugins.md#retention).
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpirationMode {
@@ -213,7 +213,7 @@ impl ExpirationMode {
     }
 }
 
-/// `expiration.compact_mode` (SPEC §2.2, §5.5).
+/// `expiration.compact_mode` (docs/wire-format.md#metadata, docs/plugins.md#retention).
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompactMode {
@@ -249,7 +249,7 @@ pub struct Expiration {
     pub extra: RVec<Member>,
 }
 
-/// The `metadata` extension object (SPEC §2.2). Every field is optional.
+/// The `metadata` extension object (docs/wire-format.md#metadata). Every field is optional.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq, Default)]
 pub struct Metadata {
@@ -375,7 +375,7 @@ impl std::fmt::Debug for TokenMemo {
     }
 }
 
-/// One conversation message (SPEC §2.1) plus the host-derived data of §2.3.
+/// One conversation message (docs/wire-format.md#messages) plus the host-derived data of docs/wire-format.md#turns.
 ///
 /// Histories cross the boundary as `RArc<Message>`: to pass a message through, clone the
 /// `RArc` (no content is copied). To change one, clone the `Message` (`(*msg).clone()`),
@@ -395,7 +395,7 @@ pub struct Message {
     /// Unknown members, and known members kept verbatim (see the module docs).
     pub extra: RVec<Member>,
     /// The turn this message belongs to, derived by the host once per chain run
-    /// (SPEC §2.3). Read it; do not re-derive. Never written to the wire.
+    /// (docs/wire-format.md#turns). Read it; do not re-derive. Never written to the wire.
     pub turn: u64,
     origin: u64,
     memo: TokenMemo,
@@ -455,7 +455,7 @@ impl Message {
     }
 
     /// A `tool` message answering `call_id` of the assistant message `call` with
-    /// `content`; it takes the turn (and identity) of its call (SPEC §2.3).
+    /// `content`; it takes the turn (and identity) of its call (docs/wire-format.md#turns).
     pub fn placeholder_result(call: &Message, call_id: &str, content: &str) -> Message {
         let mut message = Message::new(Role::Tool, Content::Text(content.into()));
         message.tool_call_id = ROption::RSome(call_id.into());
@@ -606,7 +606,7 @@ impl Message {
         self.role == Role::Assistant && !self.tool_calls.is_empty()
     }
 
-    /// The items counted by a tokenizer (SPEC §5.2): each text part, each opaque part's
+    /// The items counted by a tokenizer (docs/plugins.md#token_budget): each text part, each opaque part's
     /// JSON text, each tool call's function name and arguments string (for a `function`
     /// that is not the usual shape, what [`ToolCall`] says it is measured as).
     pub fn token_items(&self) -> impl Iterator<Item = &str> {

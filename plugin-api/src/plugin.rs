@@ -2,7 +2,7 @@
 #![allow(non_local_definitions)]
 
 //! The plugin interface: the [`HistoryPlugin`] trait a plugin implements, the root module
-//! the host loads (SPEC §3.1) and the glue [`export_plugin!`](crate::export_plugin) emits.
+//! the host loads (docs/abi.md#the-root-module) and the glue [`export_plugin!`](crate::export_plugin) emits.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -99,7 +99,7 @@ pub trait PluginInstance: Send + Sync {
 /// The boxed, ABI-stable instance handed to the host.
 pub type PluginBox = PluginInstance_TO<'static, RBox<()>>;
 
-/// The root module every plugin library exports (SPEC §3.1).
+/// The root module every plugin library exports (docs/abi.md#the-root-module).
 ///
 /// **Frozen.** Its layout is checked at load; a host whose root module gained a field
 /// refuses every plugin built before it. New capabilities go behind the prefix-type
@@ -157,7 +157,7 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
     }
 }
 
-/// Runs `f`, turning a panic into an error value (SPEC §3.3).
+/// Runs `f`, turning a panic into an error value (docs/abi.md#rules).
 fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(value)) => ROk(value),

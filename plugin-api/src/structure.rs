@@ -1,4 +1,4 @@
-//! The structure of a history, as SPEC §2.1 and §5 define it: which call a tool result
+//! The structure of a history, as docs/wire-format.md#messages, docs/plugins.md#shared-trimming-rules define it: which call a tool result
 //! answers, structural faults, and units. The host, its output check and every plugin use
 //! these same definitions, so they agree on what "valid" means.
 
@@ -76,8 +76,8 @@ pub fn leading_system_count(history: &[RArc<Message>]) -> usize {
         .count()
 }
 
-/// The structural faults of SPEC §2.1.1: not bad input, but what `role_pair` repairs and
-/// what no plugin may add (§4.3).
+/// The structural faults of docs/wire-format.md#input-checks: not bad input, but what `role_pair` repairs and
+/// what no plugin may add (docs/chain.md#the-output-check).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Indices of tool results that answer no call.
@@ -159,7 +159,7 @@ impl Faults {
     }
 }
 
-/// The units of SPEC §5: an assistant message with tool calls together with everything up
+/// The units of docs/plugins.md#shared-trimming-rules: an assistant message with tool calls together with everything up
 /// to its last answering tool message (overlapping spans join into one unit); any other
 /// message is a unit by itself. Returned in order, covering `0..history.len()`.
 pub fn units(history: &[RArc<Message>]) -> Vec<Range<usize>> {

@@ -1,11 +1,11 @@
-//! The JSON wire format (SPEC §2.1, §2.2): parsing with the input checks of §2.1.1, and
+//! The JSON wire format (docs/wire-format.md#messages, docs/wire-format.md#metadata): parsing with the input checks of docs/wire-format.md#input-checks, and
 //! writing back. Not part of the ABI — the host parses once and hands plugins typed
 //! messages — but it is the contract's definition of the format, and plugin authors use it
 //! to build test histories from JSON.
 //!
 //! Fidelity rule: `write(parse(x))` is the same JSON value as `x`. Members the types do
 //! not model go to an `extra` list verbatim; a known member spelled `null` counts as
-//! absent (§2.1.1) but is kept there too, so it is written back as it came. And the
+//! absent (docs/wire-format.md#input-checks) but is kept there too, so it is written back as it came. And the
 //! other way round, a message is written as its typed fields say: a kept member never
 //! shadows a modelled field ([`check_faithful`]).
 
@@ -17,7 +17,7 @@ use crate::message::{
     CompactMode, Content, Expiration, ExpirationMode, Member, Message, Metadata, Part, Role, ToolCall,
 };
 
-/// A message that is bad input (§2.1.1), with the path of the offending member.
+/// A message that is bad input (docs/wire-format.md#input-checks), with the path of the offending member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShapeError(pub String);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Fixtures for the LangChain agreement test of `token_budget` (SPEC §5.2).
+"""Fixtures for the LangChain agreement test of `token_budget` (docs/plugins.md#token_budget).
 
-SPEC §5.2: with `pin_first_user = false`, no target and the same token counter,
+docs/plugins.md#token_budget: with `pin_first_user = false`, no target and the same token counter,
 `token_budget` selects what LangChain's
 
     trim_messages(strategy="last", start_on="human", include_system=True,
@@ -11,7 +11,7 @@ selects, except where the spec deliberately differs (every leading system messag
 pinned, a history that fits is returned unchanged, the result is never empty).
 
 This script generates seeded agent histories (OpenAI Chat Completions messages), runs
-LangChain on each with a `chars4` counter that follows SPEC §5.2's formula
+LangChain on each with a `chars4` counter that follows docs/plugins.md#token_budget's formula
 (per_message_tokens + sum of ceil(chars / 4) over the message's items, per_message_tokens
 = 3), and writes the indices LangChain keeps to `trim_fixtures.json` beside it. The Rust
 test `tests/tests/token_budget.rs` (langchain_*) runs `token_budget` on the same histories.
@@ -54,7 +54,7 @@ WORDS = (
 
 
 def chars4(text):
-    # Characters are Unicode scalar values (SPEC §2.1); a Python str indexes them.
+    # Characters are Unicode scalar values (docs/wire-format.md#messages); a Python str indexes them.
     return math.ceil(len(text) / 4)
 
 
@@ -64,7 +64,7 @@ def compact(value):
 
 
 def items(message):
-    """The items SPEC §5.2 counts: text parts, opaque parts' JSON, call names, arguments."""
+    """The items docs/plugins.md#token_budget counts: text parts, opaque parts' JSON, call names, arguments."""
     content = message.get("content")
     if isinstance(content, str):
         yield content

@@ -17,9 +17,9 @@
 //! Every text and every opaque part carries a tag unique within its history (`t12 `), so a
 //! test can tell which input message (or part) an output message came from.
 //!
-//! The output is always valid input (SPEC §2.1.1); structural faults are intended.
+//! The output is always valid input (docs/wire-format.md#input-checks); structural faults are intended.
 //! `turn_added` values are 1–5, and a history may have fewer user messages than that: a
-//! test whose plugin depends on message ages should pass an explicit `turn` (SPEC §2.3: a
+//! test whose plugin depends on message ages should pass an explicit `turn` (docs/wire-format.md#turns: a
 //! caller sending `turn_added` must also send `turn`).
 
 use proptest::prelude::*;
@@ -276,7 +276,7 @@ impl Renderer {
     fn assistant_with_calls(&mut self, text: &ContentSpec, reasoning: bool, calls: &[u8]) -> Value {
         let mut spec = text.clone();
         if reasoning {
-            // A reasoning block that came with the calls (SPEC §5.3: stays with them).
+            // A reasoning block that came with the calls (docs/plugins.md#role_pair: stays with them).
             let mut parts = match spec {
                 ContentSpec::Null => Vec::new(),
                 ContentSpec::Text(t) => vec![Ok(t)],

@@ -155,7 +155,7 @@ impl TestConfig {
 
 impl TestConfig {
     /// Like [`TestConfig::run`], with the previous turn's output (JSON text) to compare
-    /// against: the run reports `prefix_kept` (SPEC §5.2).
+    /// against: the run reports `prefix_kept` (docs/plugins.md#token_budget).
     pub fn run_after(
         &self,
         model: &str,

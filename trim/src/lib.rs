@@ -1,4 +1,4 @@
-//! The rules SPEC §5 gives every plugin that drops old messages to fit a window
+//! The rules docs/plugins.md#shared-trimming-rules gives every plugin that drops old messages to fit a window
 //! (`default` in messages, `token_budget` in tokens), in one place:
 //!
 //! - leading `system` messages and the first `user` message are pinned (switchable);

@@ -152,7 +152,7 @@ pub fn validate(file: &Path, text: &str, catalog: &Catalog) -> Result<Config, Re
 }
 
 /// Applies `edit` to `source`, the text of `file`, refusing what the command's own rules
-/// forbid (SPEC §6.2). With a catalog, a plugin to add must be in it.
+/// forbid (docs/cli.md#agentctl). With a catalog, a plugin to add must be in it.
 pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) -> Result<Planned, Refused> {
     let config = Config::parse(file, source.to_string()).map_err(|err| Refused(err.to_string()))?;
     let mut document: DocumentMut = source
@@ -475,7 +475,7 @@ fn set_integer(table: &mut Table, key: &str, n: u64) -> Result<(), Refused> {
 }
 
 /// `[history]`, created when missing: before the first table, so the file keeps the
-/// order of SPEC §4.1 (top-level keys, `[history]`, models, plugin tables).
+/// order of docs/configuration.md (top-level keys, `[history]`, models, plugin tables).
 fn history_table(document: &mut DocumentMut) -> &mut Table {
     let exists = matches!(document.get("history"), Some(Item::Table(_)));
     if !exists {

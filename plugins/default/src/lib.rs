@@ -1,7 +1,7 @@
-//! `default`: the sliding window (SPEC §5.1). Always first in the chain.
+//! `default`: the sliding window (docs/plugins.md#default). Always first in the chain.
 //!
 //! Keeps the pinned messages and the newest whole units holding at most `effective_ctx`
-//! messages, by the shared rules of SPEC §5 ([`history_trim`]). With `target_messages`
+//! messages, by the shared rules of docs/plugins.md#shared-trimming-rules ([`history_trim`]). With `target_messages`
 //! the cut is quantized so it stays put for many turns (the provider's prompt cache
 //! survives). A model switch applies the new window at once.
 

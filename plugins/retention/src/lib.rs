@@ -1,5 +1,5 @@
 //! `retention`: block retention and expiration, both driven by message metadata
-//! (SPEC §5.5).
+//! (docs/plugins.md#retention).
 //!
 //! - **Block retention**: `metadata.retention_policy` has one entry per content part. A
 //!   part with policy `N` lives while `N > idx`, `idx` being the message's position from
@@ -7,7 +7,7 @@
 //!   injected for one turn (seed 000) disappears from later turns.
 //! - **Expiration**: `metadata.expiration` (or per-tool defaults and overrides from the
 //!   config and the session) removes or compacts a user/tool message once it is older than
-//!   `turns` turns (seed 001). Compaction keeps the original for expansion (§5.6).
+//!   `turns` turns (seed 001). Compaction keeps the original for expansion (docs/plugins.md#expansion).
 //!
 //! Both only ever shorten or drop messages; removing a message that would break the
 //! structure (a tool result, the task) leaves a placeholder instead.
@@ -20,10 +20,10 @@ use plugin_api::{
     HistoryPlugin, LoadContext, Message, Output, RArc, ROption, RVec, Role, Tokenizer,
 };
 
-// §5.2's default per-message overhead, as the host counts a history's tokens.
+// docs/plugins.md#token_budget's default per-message overhead, as the host counts a history's tokens.
 use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
-/// Expiration settings, every field optional; merged field by field (§5.5).
+/// Expiration settings, every field optional; merged field by field (docs/plugins.md#retention).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Settings {
     turns: Option<u64>,
@@ -91,20 +91,20 @@ fn content_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64
     ctx.tokens().content(tokenizer, message) as i64
 }
 
-/// What removing a whole message saves: its content and §5.2's per-message overhead, so
+/// What removing a whole message saves: its content and docs/plugins.md#token_budget's per-message overhead, so
 /// the events add up to the token change the host reports for the plugin.
 fn removed_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64 {
     ctx.tokens().message(tokenizer, message, PER_MESSAGE_TOKENS) as i64
 }
 
-/// The annotated first-N-characters compaction of `text` (SPEC §5.5), or `None` when the
+/// The annotated first-N-characters compaction of `text` (docs/plugins.md#retention), or `None` when the
 /// text is not longer than `length` characters.
 pub fn first_n_chars(text: &str, length: u64) -> Option<(String, u64)> {
     let total = text.chars().count() as u64;
     if total <= length {
         return None;
     }
-    // Cut on a char boundary: a cut never splits a Unicode scalar value (§2.1).
+    // Cut on a char boundary: a cut never splits a Unicode scalar value (docs/wire-format.md#messages).
     let cut = text
         .char_indices()
         .nth(length as usize)
@@ -226,7 +226,7 @@ impl HistoryPlugin for Retention {
     fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
         let tokenizer = ctx.model.tokenizer;
         let answers = answered_call_refs(history);
-        // The first user message of the history is the task (§5): never removed, only
+        // The first user message of the history is the task (docs/plugins.md#shared-trimming-rules): never removed, only
         // replaced by a placeholder, so the history still starts with the user.
         let first_user = history.iter().position(|m| m.role == Role::User);
         let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder) as i64;
@@ -249,7 +249,7 @@ impl HistoryPlugin for Retention {
             };
             let position = idx;
             idx += 1;
-            // A placeholder is final (§5.5: nothing replaces it again); it still carries
+            // A placeholder is final (docs/plugins.md#retention: nothing replaces it again); it still carries
             // a policy here only if something else left one, and it still counts.
             // An expanded message was asked for on purpose: never pruned again.
             if message.meta().is_some_and(|m| m.omitted() || m.expanded()) {

@@ -1,9 +1,9 @@
-//! `role_pair`: makes a history acceptable to the strictest providers (SPEC §5.3).
+//! `role_pair`: makes a history acceptable to the strictest providers (docs/plugins.md#role_pair).
 //!
 //! After the leading system messages the history starts with `user`; user and assistant
 //! turns alternate (a tool loop is one assistant turn: only *adjacent* same-role messages
 //! form a run); every tool call has exactly one result right after its assistant message
-//! and every result has a call. The five steps of §5.3 run in order and are repeated until
+//! and every result has a call. The five steps of docs/plugins.md#role_pair run in order and are repeated until
 //! none changes anything, so the repair is idempotent by construction:
 //!
 //! 1. results that answer no call are dropped; of two results for one call the first stays;
@@ -13,7 +13,7 @@
 //! 4. calls without a result get a placeholder result;
 //! 5. leading messages that are neither user nor system are dropped.
 //!
-//! Which call a result answers is always [`answered_calls`] (SPEC §2.1: the nearest earlier
+//! Which call a result answers is always [`answered_calls`] (docs/wire-format.md#messages: the nearest earlier
 //! assistant message with that call id), the same definition the host's check uses.
 
 use std::collections::{HashMap, HashSet};
@@ -24,7 +24,7 @@ use plugin_api::{
     Output, Part, RArc, ROption, RVec, Role,
 };
 
-// SPEC §5.2's per-message overhead, used for the tokens saved by a removal.
+// docs/plugins.md#token_budget's per-message overhead, used for the tokens saved by a removal.
 use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 /// The placeholder content of a result made for a call that had none.
@@ -78,7 +78,7 @@ impl Repair<'_> {
     }
 
     fn removed(&mut self, node: &Node, reason: String) {
-        // What the removal saved, with the model's tokenizer and SPEC §5.2's default
+        // What the removal saved, with the model's tokenizer and docs/plugins.md#token_budget's default
         // overhead (counts are memoized on the message, so this costs nothing twice).
         let saved = self
             .ctx
@@ -304,7 +304,7 @@ impl Repair<'_> {
     }
 }
 
-/// One message made of a run of adjacent same-role messages (SPEC §5.3 step 3, merge):
+/// One message made of a run of adjacent same-role messages (docs/plugins.md#role_pair step 3, merge):
 /// the first message's fields and metadata, all the run's parts in order, the tool calls
 /// concatenated and the retention policies concatenated (null entries for the parts of
 /// messages that had none; none at all when no message of the run had one).

@@ -1,8 +1,8 @@
-//! `token_budget`: keeps the history within a token budget (SPEC §5.2).
+//! `token_budget`: keeps the history within a token budget (docs/plugins.md#token_budget).
 //!
 //! Keeps the pinned messages (leading system messages and, by default, the first user
 //! message) and the newest whole units whose tokens fit the budget, by the shared rules of
-//! SPEC §5 ([`history_trim`]): units are never split, the kept suffix starts with a user
+//! docs/plugins.md#shared-trimming-rules ([`history_trim`]): units are never split, the kept suffix starts with a user
 //! message unless the pinned task precedes it, the result is never empty (an `over-budget`
 //! event says when that meant keeping more than fits) and a history that fits comes back
 //! unchanged. With `target_tokens` the cut is quantized so it stays put for many turns and
@@ -17,9 +17,9 @@ use plugin_api::{
     Output, RArc, Tokenizer,
 };
 
-/// `reserve_tokens` when the config does not set it (SPEC §5.2).
+/// `reserve_tokens` when the config does not set it (docs/plugins.md#token_budget).
 pub const DEFAULT_RESERVE_TOKENS: u64 = 4096;
-/// `per_message_tokens` when the config does not set it (SPEC §5.2).
+/// `per_message_tokens` when the config does not set it (docs/plugins.md#token_budget).
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS;
 
 pub struct TokenBudget {
@@ -58,7 +58,7 @@ impl TokenBudget {
         let window = Window {
             budget,
             // history_trim ignores a target that is not below the budget (plain cut), as
-            // SPEC §5.2 asks where that only shows at run time.
+            // docs/plugins.md#token_budget asks where that only shows at run time.
             target: self.target_tokens,
             count_pinned: true,
         };
@@ -153,7 +153,7 @@ impl HistoryPlugin for TokenBudget {
         let target_tokens = config.u64("target_tokens")?;
 
         if max_tokens.is_some() && reserve_tokens.is_some() {
-            // SPEC §5.2: max_tokens wins. Not an error, but the operator should know the
+            // docs/plugins.md#token_budget: max_tokens wins. Not an error, but the operator should know the
             // reserve does nothing.
             load.log()
                 .warn("token_budget: reserve_tokens is ignored because max_tokens is set");
@@ -168,7 +168,7 @@ impl HistoryPlugin for TokenBudget {
         };
 
         // Values checkable only against a model are checked against every listed one
-        // (SPEC §4.1).
+        // (docs/configuration.md).
         match max_tokens {
             Some(max) => {
                 if let Some(target) = target_tokens.filter(|&t| t >= max) {
@@ -271,7 +271,7 @@ mod tests {
             127_000
         );
         assert_eq!(plugin(r#"{"max_tokens": 77}"#).unwrap().budget(&model), 77);
-        // max_tokens wins over a reserve (SPEC §5.2: "max_tokens if set").
+        // max_tokens wins over a reserve (docs/plugins.md#token_budget: "max_tokens if set").
         let both = plugin(r#"{"max_tokens": 77, "reserve_tokens": 5}"#).unwrap();
         assert_eq!(both.budget(&model), 77);
     }

@@ -1,10 +1,10 @@
-//! `tool_result_filter`: placeholders, never removal (SPEC §5.4).
+//! `tool_result_filter`: placeholders, never removal (docs/plugins.md#tool_result_filter).
 //!
 //! Old tool results are the bulk of an agent's history and rarely read again. Deleting
 //! them breaks the call/result structure providers demand, so this plugin keeps every
 //! message and replaces the *content* of old results with a short, byte-stable
 //! placeholder. The original stays in `metadata.original_content` (unless
-//! `preserve_original = false`) so the agent can ask for it back (§5.6).
+//! `preserve_original = false`) so the agent can ask for it back (docs/plugins.md#expansion).
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,7 +14,7 @@ use plugin_api::{
     Output, RArc, ToolCall,
 };
 
-// §5.2's per-message overhead, which §5.4 fixes at 3 for `trigger_tokens`.
+// docs/plugins.md#token_budget's per-message overhead, which docs/plugins.md#tool_result_filter fixes at 3 for `trigger_tokens`.
 use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl ToolResultFilter {
     }
 
     /// The message that replaces the result `message`: the placeholder as content, the
-    /// lifecycle metadata of §5.4, and no `retention_policy` (the parts it described are
+    /// lifecycle metadata of docs/plugins.md#tool_result_filter, and no `retention_policy` (the parts it described are
     /// gone, and a policy of the wrong length would only draw warnings from `retention`).
     fn placeholder_for(&self, message: &Message, tokens_saved: i64) -> Message {
         message.omitted_copy(&self.placeholder, tokens_saved, self.preserve_original)

@@ -1,4 +1,4 @@
-//! `agentctl` as a subprocess (SPEC §6.2): every command against an operator's file full
+//! `agentctl` as a subprocess (docs/cli.md#agentctl): every command against an operator's file full
 //! of comments and odd formatting, asserting the exact resulting text; every refusal
 //! (non-zero exit, one line, file byte-for-byte unchanged); a plugin added with agentctl
 //! then running in `history-host process`; an interrupted write; the JSON outputs.

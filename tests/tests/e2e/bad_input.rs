@@ -1,4 +1,4 @@
-//! Bad input (SPEC §2.1.1, §9): exit 2, one line naming what and where, nothing on stdout;
+//! Bad input (docs/wire-format.md#input-checks, docs/cli.md#exit-statuses): exit 2, one line naming what and where, nothing on stdout;
 //! structural faults are accepted and reported.
 
 use e2e_tests::{describe, json, TestConfig};

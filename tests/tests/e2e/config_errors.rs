@@ -1,4 +1,4 @@
-//! Configuration errors (SPEC §4.1, §9): one clear line, exit 3, nothing on stdout.
+//! Configuration errors (docs/configuration.md, docs/cli.md#exit-statuses): one clear line, exit 3, nothing on stdout.
 //! (`TestConfig` writes `plugin_dir` on line 1, so the body starts on line 2.)
 
 use e2e_tests::{describe, TestConfig};

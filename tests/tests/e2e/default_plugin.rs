@@ -1,4 +1,4 @@
-//! `default` (SPEC §5.1 and the shared rules of §5), through the real library.
+//! `default` (docs/plugins.md#default and the shared rules of docs/plugins.md#shared-trimming-rules), through the real library.
 
 use e2e_tests::{json, run_json, TestConfig};
 use history_engine::chain::stateless_context;

@@ -1,5 +1,5 @@
-//! Expansion (SPEC §5.6) of what the real plugins compacted or omitted, and `prefix_kept`
-//! in `--explain` with `--previous` (§5.2, §6.1) through the real binary.
+//! Expansion (docs/plugins.md#expansion) of what the real plugins compacted or omitted, and `prefix_kept`
+//! in `--explain` with `--previous` (docs/plugins.md#token_budget, docs/cli.md#history-host-process) through the real binary.
 
 use e2e_tests::{describe, json, run_json, TestConfig};
 use history_engine::expand::{expand, ExpandError, Target};

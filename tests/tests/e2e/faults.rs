@@ -1,4 +1,4 @@
-//! Fault containment (SPEC §4.4, §3.2): a panicking plugin, a plugin that returns an
+//! Fault containment (docs/chain.md#faults, docs/abi.md#loading): a panicking plugin, a plugin that returns an
 //! invalid history, and plugins built against another `plugin-api` — each a real library
 //! built by the test, loaded by the real host.
 

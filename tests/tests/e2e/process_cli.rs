@@ -14,7 +14,7 @@ fn process_writes_the_resulting_history_and_explains() {
     assert_eq!(
         out,
         // Three unpinned messages fit; the pinned task precedes them, so the kept part
-        // may start with the assistant (SPEC §5, start rule).
+        // may start with the assistant (docs/plugins.md#shared-trimming-rules, start rule).
         json(
             r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
             {"role":"assistant","content":"a2"},{"role":"user","content":"u3"},{"role":"assistant","content":"a3"}]"#

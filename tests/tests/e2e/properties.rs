@@ -1,6 +1,6 @@
 //! Properties of `token_budget`, `role_pair` and the full shipped chain over generated histories
 //! ([`e2e_tests::histories::history`]), through the real libraries with
-//! `on_plugin_error = "fail"`, so every run also passes the host's output check (§4.3:
+//! `on_plugin_error = "fail"`, so every run also passes the host's output check (docs/chain.md#the-output-check:
 //! valid shape, no new structural faults, nothing invented).
 
 use std::collections::HashSet;
@@ -275,7 +275,7 @@ proptest! {
             prop_assert_eq!(&output, &input_json);
             prop_assert!(out.stages[1].events.is_empty());
         }
-        // Idempotent where SPEC §5 promises it: the output fits, so it comes back unchanged.
+        // Idempotent where docs/plugins.md#shared-trimming-rules promises it: the output fits, so it comes back unchanged.
         if over == 0 {
             let text = history_to_string(&out.history);
             let again = run(&config, &text)?;

@@ -1,4 +1,4 @@
-//! `retention` (SPEC §5.5) end to end, through the real cdylibs: block retention by
+//! `retention` (docs/plugins.md#retention) end to end, through the real cdylibs: block retention by
 //! `retention_policy`, then expiration.
 
 use e2e_tests::{describe, json, run_json, TestConfig};

@@ -1,4 +1,4 @@
-//! `role_pair` (SPEC §5.3) through the real libraries: each repair step, merge and drop,
+//! `role_pair` (docs/plugins.md#role_pair) through the real libraries: each repair step, merge and drop,
 //! placeholders, events, idempotence, and the host's output check on every run
 //! (`on_plugin_error = "fail"`).
 
@@ -153,7 +153,7 @@ fn step3_merge_joins_parts_calls_and_retention_policies() {
         ),
     );
     assert_eq!(events(&out, EventKind::MessageMerged), vec![2, 3, 4, 6]);
-    // The merge keeps its first message's turn (SPEC §2.3).
+    // The merge keeps its first message's turn (docs/wire-format.md#turns).
     let turn_of_first_user = 1;
     assert_eq!(out.history[1].turn, turn_of_first_user);
 }
@@ -234,7 +234,7 @@ fn step4_calls_without_a_result_get_placeholders_after_the_existing_results() {
     let out = run(&input);
     assert_json(&out, &expected("[Omitted]"));
     assert_eq!(events(&out, EventKind::MessageOmitted), vec![1, 1]);
-    // A placeholder takes its call's turn (SPEC §2.3): 1, not the current turn 2.
+    // A placeholder takes its call's turn (docs/wire-format.md#turns): 1, not the current turn 2.
     assert_eq!(out.history[3].turn, 1);
     let out = run_with(&config("placeholder = \"[result not kept]\""), &input);
     assert_json(&out, &expected("[result not kept]"));
@@ -311,7 +311,7 @@ fn opaque_assistant_parts_stay_with_their_tool_calls() {
 
 #[test]
 fn reused_call_ids_answer_the_nearest_earlier_call() {
-    // Both assistant messages call "c1"; the one result answers the second (SPEC §2.1),
+    // Both assistant messages call "c1"; the one result answers the second (docs/wire-format.md#messages),
     // so the first gets a placeholder and the result stays where it is.
     let input = format!(
         r#"[{{"role":"user","content":"u"}},{{"role":"assistant","content":null,"tool_calls":[{c1}]}},

@@ -1,4 +1,4 @@
-//! `token_budget` (SPEC §5.2 on the shared rules of §5) through the real libraries.
+//! `token_budget` (docs/plugins.md#token_budget on the shared rules of docs/plugins.md#shared-trimming-rules) through the real libraries.
 //!
 //! Most histories here are counted with `chars4` and `per_message_tokens = 3`, with texts
 //! of 4·n characters, so a message of text n costs exactly 3 + n tokens: every expected cut
@@ -438,7 +438,7 @@ max_tokens = 3000
     }
 }
 
-/// SPEC §5.2: with `pin_first_user = false`, no target and the same counter, the
+/// docs/plugins.md#token_budget: with `pin_first_user = false`, no target and the same counter, the
 /// selection is LangChain's `trim_messages(strategy="last", start_on="human",
 /// include_system=True, allow_partial=False)`, except where the spec deliberately differs.
 /// The LangChain selections were computed by `tests/langchain/make_trim_fixtures.py`
@@ -529,7 +529,7 @@ fn ten(role: &str, n: usize) -> String {
     )
 }
 
-/// SPEC §5.2, cache-stable trimming: with B = 200 and T = 120 (S = 80) and a history
+/// docs/plugins.md#token_budget, cache-stable trimming: with B = 200 and T = 120 (S = 80) and a history
 /// growing by 20 tokens a turn, the cut point moves only when the history has grown by
 /// another S, both for an agent that resends its full transcript and for one that resends
 /// the previous output plus the new messages. Without a target it moves every turn.

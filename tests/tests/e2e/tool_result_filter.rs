@@ -1,4 +1,4 @@
-//! `tool_result_filter` (SPEC §5.4) end to end, through the real cdylibs.
+//! `tool_result_filter` (docs/plugins.md#tool_result_filter) end to end, through the real cdylibs.
 
 use e2e_tests::{describe, json, run_json, TestConfig};
 use serde_json::{json as j, Value};

@@ -1,4 +1,4 @@
-//! Wire fidelity (SPEC §2.1): a message no plugin changed comes out as the same JSON value.
+//! Wire fidelity (docs/wire-format.md#messages): a message no plugin changed comes out as the same JSON value.
 
 use e2e_tests::{describe, json, real_conversations, run_json, TestConfig};
 
