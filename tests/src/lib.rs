@@ -172,10 +172,15 @@ impl TestConfig {
 }
 
 /// Runs a command with `stdin`, collecting its output.
-pub fn run_with_stdin(mut command: Command, stdin: &str) -> Output {
+pub fn run_with_stdin(command: Command, stdin: &str) -> Output {
+    run_with_stdin_to(command, stdin, Stdio::piped())
+}
+
+/// [`run_with_stdin`] with the child's stdout going to `stdout` (a file, a closed pipe…).
+pub fn run_with_stdin_to(mut command: Command, stdin: &str, stdout: Stdio) -> Output {
     let mut child = command
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

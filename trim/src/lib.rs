@@ -126,6 +126,17 @@ pub fn plan(history: &[RArc<Message>], costs: &[u64], pins: Pins, window: Window
     Some(Plan { keep, over_budget })
 }
 
+/// The history's units with their pinned messages left out, each a list of message
+/// indices in order; units left with no message are dropped (what a plugin that chooses
+/// among the unpinned units works on).
+pub fn unpinned_units(history: &[RArc<Message>], pinned: &[bool]) -> Vec<Vec<usize>> {
+    units_with_answers(history.len(), &answered_calls(history))
+        .into_iter()
+        .map(|range| range.filter(|&i| !pinned[i]).collect::<Vec<usize>>())
+        .filter(|members| !members.is_empty())
+        .collect()
+}
+
 /// Per message: pinned by `pins` (the leading system messages, the first user message)?
 pub fn pinned_messages(history: &[RArc<Message>], pins: Pins) -> Vec<bool> {
     let mut pinned = vec![false; history.len()];

@@ -15,7 +15,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use history_trim::Pins;
-use plugin_api::structure::{answered_calls, units_with_answers};
 use plugin_api::{
     ConfigError, ConfigTable, Context, Event, EventKind, HistoryPlugin, LoadContext, Message, Output, RArc,
     Role, DEFAULT_PER_MESSAGE_TOKENS,
@@ -146,12 +145,7 @@ impl Relevance {
             return Output::unchanged(history);
         }
 
-        let answers = answered_calls(history);
-        let units: Vec<Vec<usize>> = units_with_answers(history.len(), &answers)
-            .into_iter()
-            .map(|range| range.filter(|&i| !pinned[i]).collect::<Vec<usize>>())
-            .filter(|members| !members.is_empty())
-            .collect();
+        let units = history_trim::unpinned_units(history, &pinned);
         let pinned_tokens: u64 = (0..history.len()).filter(|&i| pinned[i]).map(|i| costs[i]).sum();
         let unit_tokens: Vec<u64> = units.iter().map(|u| u.iter().map(|&i| costs[i]).sum()).collect();
         let mut room = Room {

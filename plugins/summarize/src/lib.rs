@@ -12,7 +12,7 @@
 use std::hash::{Hash, Hasher};
 
 use history_trim::Pins;
-use plugin_api::structure::{answered_call_refs, answered_calls, units_with_answers};
+use plugin_api::structure::answered_call_refs;
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
     Output, RArc, ROption, RString, Role, DEFAULT_PER_MESSAGE_TOKENS,
@@ -155,12 +155,7 @@ impl Summarize {
                 *flag = false;
             }
         }
-        let answers = answered_calls(history);
-        let units: Vec<Vec<usize>> = units_with_answers(history.len(), &answers)
-            .into_iter()
-            .map(|range| range.filter(|&i| !pinned[i]).collect::<Vec<usize>>())
-            .filter(|members| !members.is_empty())
-            .collect();
+        let units = history_trim::unpinned_units(history, &pinned);
         if units.len() < 2 {
             return Output::unchanged(history);
         }

@@ -4,7 +4,6 @@
 //! every error or log line stays one line, with no raw control characters and no
 //! megabyte echoes; usage errors have their own status; a refused library is one line.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -25,21 +24,8 @@ const USAGE: i32 = 64;
 
 /// Runs `command` with `stdin`, its stdout going to `stdout`, collecting stderr (and
 /// stdout, when `stdout` is a pipe).
-fn run(mut command: Command, stdin: &str, stdout: Stdio) -> Output {
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let stdin = stdin.to_string();
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(stdin.as_bytes());
-    });
-    let output = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    output
+fn run(command: Command, stdin: &str, stdout: Stdio) -> Output {
+    e2e_tests::run_with_stdin_to(command, stdin, stdout)
 }
 
 /// `history-host process --config CONFIG ARGS…`, `HISTORY_LOG` set to `log` if given.
