@@ -7,6 +7,7 @@
 
 pub mod fixtures;
 pub mod histories;
+pub mod link;
 pub mod server;
 pub mod store;
 pub mod upstream;

@@ -68,6 +68,13 @@ fn with_database(url: &str, database: &str) -> String {
     out
 }
 
+/// A URL as `(scheme://, user@host:port, /database?query)`.
+fn split_authority(url: &str) -> (&str, &str, &str) {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..].find(['/', '?']).map_or(url.len(), |i| start + i);
+    (&url[..start], &url[start..end], &url[end..])
+}
+
 impl TestStore {
     /// The store of `kind` for a test whose files are in `config`'s folder. A PostgreSQL
     /// store needs `HISTORY_TEST_POSTGRES_URL` (see [`postgres_url`]).
@@ -107,6 +114,30 @@ impl TestStore {
     /// What `--store` takes: the file, or the database's URL.
     pub fn path(&self) -> &Path {
         &self.location
+    }
+
+    /// The PostgreSQL server's `host:port`.
+    pub fn server_address(&self) -> String {
+        let url = self.location.to_string_lossy();
+        let (_, authority, _) = split_authority(&url);
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        if host_port.contains(':') {
+            host_port.to_string()
+        } else {
+            format!("{host_port}:5432")
+        }
+    }
+
+    /// What `--store` takes to reach this database through 127.0.0.1:`port` (a
+    /// [`Link`](crate::link::Link) to [`server_address`](Self::server_address)).
+    pub fn path_via(&self, port: u16) -> PathBuf {
+        let url = self.location.to_string_lossy();
+        let (scheme, authority, rest) = split_authority(&url);
+        let user = authority.rsplit_once('@').map(|(user, _)| format!("{user}@"));
+        PathBuf::from(format!(
+            "{scheme}{}127.0.0.1:{port}{rest}",
+            user.unwrap_or_default()
+        ))
     }
 
     /// The store opened in the test process, to look at what it holds.
@@ -158,6 +189,10 @@ mod tests {
             "postgres://u@h:5432/x"
         );
         assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+        assert_eq!(
+            super::split_authority("postgres://u@h:5432/x?a=b"),
+            ("postgres://", "u@h:5432", "/x?a=b")
+        );
         assert_eq!(
             with_database("postgres://h/t?sslmode=disable", "x"),
             "postgres://h/x?sslmode=disable"

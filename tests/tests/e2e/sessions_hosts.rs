@@ -4,8 +4,11 @@
 //! acknowledged turn. PostgreSQL only (`HISTORY_TEST_POSTGRES_URL`): a SQLite file is one
 //! host's.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
+use e2e_tests::link::Link;
 use e2e_tests::server::{agent, request, shipped_config, Server};
 use e2e_tests::store::{postgres_url, Kind, TestStore};
 use serde_json::{json as j, Value};
@@ -13,6 +16,11 @@ use serde_json::{json as j, Value};
 const SESSIONS: usize = 3;
 const CLIENTS: usize = 2;
 const TURNS: usize = 8;
+
+/// The outage test's phases, as its clients see them.
+const BEFORE: u8 = 0;
+const DURING: u8 = 1;
+const AFTER: u8 = 2;
 
 /// Per session, its acknowledged `(turn, content)` pairs.
 type Acked = Vec<Vec<(u64, String)>>;
@@ -191,4 +199,101 @@ fn kill_9_of_one_host_leaves_the_other_serving_every_acknowledged_turn() {
     }
     drop(a);
     assert_eq!(b.stop().code(), Some(0));
+}
+
+#[test]
+fn a_database_outage_is_a_503_then_turns_recover_and_nothing_acknowledged_is_lost() {
+    if postgres_url(
+        "sessions_hosts::a_database_outage_is_a_503_then_turns_recover_and_nothing_acknowledged_is_lost",
+    )
+    .is_none()
+    {
+        return;
+    }
+    let config = shipped_config("", &[("max_users", "max_users = 100")]);
+    let store = TestStore::new(Kind::Postgres, &config);
+    // The host reaches the database through a link the test cuts: every connection drops
+    // at once (as when the server restarts and terminates its backends), then new ones
+    // are refused until the link is restored.
+    let link = Link::to(&store.server_address());
+    let host = Server::start(&config.path, &store.path_via(link.port()), &[]);
+    let ids: Vec<String> = (0..SESSIONS).map(|_| host.create("local-8k")).collect();
+    let phase = AtomicU8::new(BEFORE);
+    let outage_answers = Mutex::new(Vec::new());
+    let acked: Vec<Vec<(u64, String)>> = std::thread::scope(|scope| {
+        let clients: Vec<_> = ids
+            .iter()
+            .enumerate()
+            .map(|(s, id)| {
+                let (host, phase, outage_answers) = (&host, &phase, &outage_answers);
+                scope.spawn(move || {
+                    let agent = agent();
+                    let url = host.url(&format!("/v1/sessions/{id}/turns"));
+                    let mut acked = Vec::new();
+                    let mut after = 0;
+                    let started = Instant::now();
+                    // Bounded: until a few turns succeeded after the outage, or 120 s.
+                    for k in 0..10_000 {
+                        if after >= 5 || started.elapsed() > Duration::from_secs(120) {
+                            break;
+                        }
+                        let text = content(s, 0, k);
+                        let body = j!({"messages": [{"role": "user", "content": text}]});
+                        let sent_in = phase.load(Ordering::SeqCst);
+                        let answer = request(&agent, "POST", &url, Some(&body), None);
+                        let answered_in = phase.load(Ordering::SeqCst);
+                        match answer.status {
+                            200 => {
+                                acked.push((answer.body["turn"].as_u64().unwrap(), text));
+                                if sent_in == AFTER {
+                                    after += 1;
+                                }
+                            }
+                            _ if answered_in != BEFORE => {
+                                outage_answers.lock().unwrap().push((answer.status, answer.body))
+                            }
+                            status => panic!("session {s}: {status} before the outage: {answer:?}"),
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    assert!(after >= 5, "session {s}: {after} turns after the outage in 120 s");
+                    acked
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        phase.store(DURING, Ordering::SeqCst);
+        link.cut();
+        // While it is down, health says so.
+        std::thread::sleep(Duration::from_millis(500));
+        let health = host.get("/healthz");
+        std::thread::sleep(Duration::from_millis(1500));
+        link.restore();
+        phase.store(AFTER, Ordering::SeqCst);
+        let acked = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        assert_eq!(health.status, 503, "healthz during the outage: {health:?}");
+        acked
+    });
+    let outage_answers = outage_answers.into_inner().unwrap();
+    assert!(
+        !outage_answers.is_empty(),
+        "no turn ran into the outage: make it longer"
+    );
+    for (status, body) in &outage_answers {
+        assert_eq!(*status, 503, "a turn during the outage: {body}");
+        assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.contains('\n') && message.contains("store unavailable"),
+            "{message}"
+        );
+    }
+    // Recovered without a restart: health is back, and every session went on.
+    assert_eq!(host.get("/healthz").status, 200);
+    for (id, acked) in ids.iter().zip(&acked) {
+        // A turn whose commit reached the database but whose answer was lost may be in
+        // the transcript unacknowledged; every acknowledged one is there, in order.
+        check(&host, id, acked, false);
+    }
+    assert_eq!(host.stop().code(), Some(0));
 }
