@@ -41,6 +41,10 @@ CREATE TABLE IF NOT EXISTS working_copies (
     message TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
 );
+CREATE TABLE IF NOT EXISTS write_probe (
+    id INTEGER PRIMARY KEY,
+    checked_at INTEGER NOT NULL
+);
 ";
 
 /// The embedded SQLite store. One connection writes (SQLite has one writer at a time
@@ -50,11 +54,38 @@ pub struct SqliteStore {
     reader: Mutex<Connection>,
 }
 
+/// A SQLite error as a store error. A store that cannot take writes now — its disk full,
+/// its file or file system read-only, an I/O error, the file locked by another process
+/// past the busy timeout — is [`StoreError::unavailable`] (a 503): nothing was written,
+/// and the same request succeeds once the operator has made room or made it writable.
 fn err(e: rusqlite::Error) -> StoreError {
-    StoreError::new(e.to_string())
+    use rusqlite::ErrorCode;
+    let code = match &e {
+        rusqlite::Error::SqliteFailure(failure, _) => Some(failure.code),
+        _ => None,
+    };
+    let what = match code {
+        Some(ErrorCode::DiskFull) => "the disk holding the store is full; free some space",
+        Some(ErrorCode::ReadOnly) => "the store is read-only; make its file and folder writable",
+        Some(ErrorCode::SystemIoFailure) => "an I/O error on the store's file",
+        Some(ErrorCode::CannotOpen) => "the store's file cannot be opened",
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => "the store is locked by another process",
+        _ => return StoreError::new(e.to_string()),
+    };
+    StoreError::unavailable(format!("{what} (SQLite: {e})"))
 }
 
 fn open(path: &Path) -> Result<Connection, StoreError> {
+    // SQLite says only "unable to open database file" when the file or its file system is
+    // read-only; the operating system's answer names the cause.
+    if path.exists() {
+        if let Err(e) = std::fs::OpenOptions::new().append(true).open(path) {
+            return Err(StoreError::unavailable(format!(
+                "the store {} cannot be written: {e}",
+                path.display()
+            )));
+        }
+    }
     let connection = Connection::open(path)
         .map_err(|e| StoreError::new(format!("cannot open {}: {e}", path.display())))?;
     connection
@@ -341,10 +372,16 @@ impl Store for SqliteStore {
         Ok(rows)
     }
 
+    /// Commits a one-row write: taking the write lock alone succeeds on a full disk or a
+    /// file system remounted read-only, where a turn's commit would fail.
     fn check_writable(&self) -> Result<(), StoreError> {
         let connection = self.writer();
         connection
-            .execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
+            .execute(
+                "INSERT OR REPLACE INTO write_probe (id, checked_at) VALUES (1, ?1)",
+                [crate::clock::now_ms() as i64],
+            )
+            .map(drop)
             .map_err(err)
     }
 }

@@ -58,3 +58,136 @@ fn the_working_history_is_stored_as_references_plus_changed_copies(kind: Kind) {
 }
 
 e2e_tests::store_tests!(the_working_history_is_stored_as_references_plus_changed_copies,);
+
+/// A small tmpfs mounted for one test (unmounted when dropped), or `None` after saying
+/// loudly that the test is skipped: mounting needs root (CI runs as root).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str, test: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Tmpfs { dir }),
+            other => {
+                eprintln!("SKIPPED (cannot mount a tmpfs: needs root): {test}: {other:?}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    fn remount(&self, option: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{option}")])
+            .arg(self.dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount {option}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn turn(server: &Server, id: &str, text: &str) -> e2e_tests::server::Answer {
+    server.post(
+        &format!("/v1/sessions/{id}/turns"),
+        &j!({"messages": [{"role": "user", "content": text}]}),
+    )
+}
+
+/// Asserts `answer` is the one-line 503 a store that cannot be written gives.
+fn assert_unwritable(answer: &e2e_tests::server::Answer, what: &str) {
+    assert_eq!(answer.status, 503, "{what}: {answer:?}");
+    let (code, message) = answer.error();
+    assert_eq!(code, "store_unavailable", "{what}: {message}");
+    assert!(
+        message.starts_with("store unavailable:") && !message.contains('\n'),
+        "{what}: {message}"
+    );
+}
+
+#[test]
+fn a_full_store_refuses_turns_with_a_503_and_serves_again_once_there_is_room() {
+    let Some(disk) = Tmpfs::mount("3m", "sessions_store::a_full_store_…") else {
+        return;
+    };
+    let config = shipped_config("", &[]);
+    let store = disk.path().join("sessions.db");
+    let server = Server::start(&config.path, &store, &[]);
+    let id = server.create("local-8k");
+    for n in 0..3 {
+        assert_eq!(turn(&server, &id, &format!("before {n}")).status, 200);
+    }
+    let before = (server.transcript(&id), server.history(&id, false));
+    // Fill the disk to the last byte.
+    let filler = disk.path().join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let block = vec![b'x'; 64 * 1024];
+    while std::io::Write::write_all(&mut file, &block).is_ok() {}
+    while std::io::Write::write_all(&mut file, b"x").is_ok() {}
+    drop(file);
+    let big = "word ".repeat(50_000);
+    let answer = turn(&server, &id, &big);
+    assert_unwritable(&answer, "a turn on a full disk");
+    assert!(answer.error().1.contains("full"), "{answer:?}");
+    assert_eq!(server.get("/healthz").status, 503, "health on a full disk");
+    // Nothing changed, and the service still answers what it can without writing.
+    assert_eq!((server.transcript(&id), server.history(&id, false)), before);
+    std::fs::remove_file(&filler).unwrap();
+    let answer = turn(&server, &id, &big);
+    assert_eq!(answer.status, 200, "after freeing room: {answer:?}");
+    assert_eq!(answer.body["turn"], 4);
+    assert_eq!(server.get("/healthz").status, 200);
+    assert_eq!(server.stop().code(), Some(0));
+}
+
+#[test]
+fn a_read_only_store_is_refused_at_start_in_one_line() {
+    let Some(disk) = Tmpfs::mount("16m", "sessions_store::a_read_only_store_…") else {
+        return;
+    };
+    let config = shipped_config("", &[]);
+    let store = disk.path().join("sessions.db");
+    let server = Server::start(&config.path, &store, &[]);
+    let id = server.create("local-8k");
+    assert_eq!(turn(&server, &id, "before").status, 200);
+    assert_eq!(server.stop().code(), Some(0));
+    disk.remount("ro");
+    let refused = Server::try_start(&config.path, &store, &[], &[]);
+    let Err(stderr) = refused else {
+        panic!("serve started on a read-only store")
+    };
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("history-host:"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("store unavailable: the store")
+            && line.contains("sessions.db cannot be written")
+            && line.contains("Read-only file system"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("history-host:").count(), 1, "one line: {stderr}");
+    disk.remount("rw");
+    let server = Server::start(&config.path, &store, &[]);
+    let answer = turn(&server, &id, "writable again");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body["turn"], 2);
+    assert_eq!(server.stop().code(), Some(0));
+}
