@@ -427,6 +427,27 @@ fn token_throughput(values: &[Value], tokenizer: Tokenizer) -> Result<(f64, Dura
     Ok((bytes as f64 / time.as_secs_f64() / 1e6, time))
 }
 
+/// The reference the host's counter replaced, tiktoken-rs's `o200k_base`, on the same
+/// items: its load time (decoding and hashing the vocabulary, once per process) and its
+/// throughput, MB/s (median of 3), so the bench shows before and after in one run.
+fn reference_token_throughput(values: &[Value]) -> Result<(Duration, f64)> {
+    let started = Instant::now();
+    let reference = tiktoken_rs::o200k_base().map_err(|e| format!("tiktoken-rs o200k_base: {e}"))?;
+    let load = started.elapsed();
+    let history = parse(values)?;
+    let items: Vec<&str> = history.iter().flat_map(|m| m.token_items()).collect();
+    let bytes: usize = items.iter().map(|i| i.len()).sum();
+    let times: Vec<Duration> = (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            let total: usize = items.iter().map(|item| reference.encode_ordinary(item).len()).sum();
+            std::hint::black_box(total);
+            started.elapsed()
+        })
+        .collect();
+    Ok((load, bytes as f64 / median(&times).as_secs_f64() / 1e6))
+}
+
 /// `o200k_base` throughput of the host's counter on its worst cases, MB/s (median of 3):
 /// a megabyte of one letter and a megabyte of random A/C/G/T, each one piece of text for
 /// the byte-pair merge (a merge that rescans the piece after each step takes many minutes).
@@ -585,6 +606,7 @@ fn run(args: &[String]) -> Result<()> {
     let (throughput, counting) = token_throughput(&replay_history, Tokenizer::O200kBase)?;
     let (cl100k_throughput, _) = token_throughput(&replay_history, Tokenizer::Cl100kBase)?;
     let (one_letter, acgt) = worst_token_throughput();
+    let (reference_load, reference_throughput) = reference_token_throughput(&replay_history)?;
 
     let per_plugin = |single: &Single| -> BTreeMap<String, f64> {
         single
@@ -668,6 +690,10 @@ fn run(args: &[String]) -> Result<()> {
             "o200k_one_letter_mb_per_s": round(one_letter, 2),
             "o200k_acgt_mb_per_s": round(acgt, 2),
             "cl100k_mb_per_s": round(cl100k_throughput, 2),
+            // tiktoken-rs on the same items: what the host used before its own counter.
+            "reference_o200k_mb_per_s": round(reference_throughput, 2),
+            "reference_o200k_load_ms": round(ms(reference_load), 1),
+            "o200k_throughput_ratio_to_reference": round(throughput / reference_throughput, 2),
             "bytes_tokenized_ratio": round(tokenized_ratio, 4),
             "bytes_tokenized": first.bytes_tokenized,
             "bytes_entered": first.bytes_entered,
@@ -776,6 +802,12 @@ fn print_table(r: &Value) {
         tokens["o200k_acgt_mb_per_s"]
     );
     println!("           cl100k_base {} MB/s", tokens["cl100k_mb_per_s"]);
+    println!(
+        "           before: tiktoken-rs o200k_base {} MB/s on the same items ({}x now), load {} ms",
+        tokens["reference_o200k_mb_per_s"],
+        tokens["o200k_throughput_ratio_to_reference"],
+        tokens["reference_o200k_load_ms"]
+    );
     println!(
         "           bytes tokenized / entered over a replay: {}",
         tokens["bytes_tokenized_ratio"]
