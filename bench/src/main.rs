@@ -440,7 +440,10 @@ fn reference_token_throughput(values: &[Value]) -> Result<(Duration, f64)> {
     let times: Vec<Duration> = (0..3)
         .map(|_| {
             let started = Instant::now();
-            let total: usize = items.iter().map(|item| reference.encode_ordinary(item).len()).sum();
+            let total: usize = items
+                .iter()
+                .map(|item| reference.encode_ordinary(item).len())
+                .sum();
             std::hint::black_box(total);
             started.elapsed()
         })

@@ -40,6 +40,10 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         .route("/v1/sessions/{id}/history", get(history))
         .route("/v1/sessions/{id}/transcript", get(transcript))
         .route("/v1/sessions/{id}/expand", post(expand))
+        .route(
+            "/v1/sessions/{id}/expiration_override",
+            axum::routing::put(expiration_override),
+        )
         .route("/v1/chain", get(chain))
         .route("/v1/chat/completions", post(crate::proxy::chat_completions))
         .route("/v1/models", get(crate::proxy::models))
@@ -260,6 +264,21 @@ async fn model(
     let model = model_body(&bytes(body)?)?;
     let outcome = app.service.switch_model(&id, model).await?;
     Ok(Json(switch_json(&outcome)))
+}
+
+/// `PUT /v1/sessions/{id}/expiration_override` `{expiration_override}`.
+async fn expiration_override(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>> {
+    let body = object(&bytes(body)?)?;
+    only(&body, &["expiration_override"])?;
+    let value = body.get("expiration_override").cloned().ok_or_else(|| {
+        ApiError::bad_input("missing \"expiration_override\" (an object, or null to remove it)")
+    })?;
+    let now = app.service.set_expiration_override(&id, Some(value)).await?;
+    Ok(Json(serde_json::json!({ "expiration_override": now })))
 }
 
 async fn command(

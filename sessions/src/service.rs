@@ -403,13 +403,7 @@ impl Service {
         expiration_override: Option<Value>,
     ) -> Result<SessionInfo, SessionError> {
         self.refuse_if_shutting_down()?;
-        let expiration_override = match expiration_override {
-            None | Some(Value::Null) => None,
-            Some(value) => {
-                parse_override(&value)?;
-                Some(value.to_string())
-            }
-        };
+        let expiration_override = checked_override(expiration_override)?;
         let config = self.config();
         let model = model.unwrap_or_else(|| "default".to_string());
         if model.is_empty() {
@@ -675,6 +669,25 @@ impl Service {
             );
         }
         result
+    }
+
+    /// Replaces a session's expiration override (docs/sessions.md; `null` removes it),
+    /// stored at once and applied from its next turn. Returns the override now in force.
+    pub async fn set_expiration_override(
+        self: &Arc<Self>,
+        id: &str,
+        value: Option<Value>,
+    ) -> Result<Value, SessionError> {
+        self.refuse_if_shutting_down()?;
+        let json = checked_override(value)?;
+        self.with_session(id, move |session, env| {
+            session.set_expiration_override(env, json)?;
+            Ok(session
+                .expiration_override()
+                .and_then(|json| serde_json::from_str(json).ok())
+                .unwrap_or(Value::Null))
+        })
+        .await
     }
 
     /// The working history, or with `sent` the last sent history (empty before the
@@ -1059,4 +1072,16 @@ pub fn turn_json(outcome: &TurnOutcome) -> Value {
         "prefix_kept": run.prefix_kept,
         "input_faults": run.input_faults,
     })
+}
+
+/// An expiration override from a request, checked, as the JSON the store keeps; `null` or
+/// absent is none.
+fn checked_override(value: Option<Value>) -> Result<Option<String>, SessionError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            parse_override(&value)?;
+            Ok(Some(value.to_string()))
+        }
+    }
 }

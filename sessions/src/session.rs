@@ -358,6 +358,25 @@ impl Session {
         Ok(SwitchOutcome { old, model, run })
     }
 
+    /// Replaces the session's expiration override (`None` removes it); it applies from
+    /// the next turn. `json` has been checked with [`parse_override`].
+    pub fn set_expiration_override(
+        &mut self,
+        env: &Env<'_>,
+        json: Option<String>,
+    ) -> Result<(), SessionError> {
+        let mut row = self.row.clone();
+        row.expiration_override = json;
+        row.last_active = env.now;
+        let known = self.known();
+        self.store_working(env, row, self.working.clone(), &known)
+    }
+
+    /// The expiration override as stored (JSON), if any.
+    pub fn expiration_override(&self) -> Option<&str> {
+        self.row.expiration_override.as_deref()
+    }
+
     /// `/clear`: the working history becomes empty; the transcript keeps everything.
     pub fn clear(&mut self, env: &Env<'_>) -> Result<(), SessionError> {
         let mut row = self.row.clone();

@@ -227,9 +227,93 @@ fn unknown_and_malformed_commands_are_400s_naming_them(kind: Kind) {
     assert_eq!(command(&server, "nope", "/history", false).status, 404);
 }
 
+fn the_expiration_override_is_replaced_stored_and_applied_from_the_next_turn(kind: Kind) {
+    let config = shipped_config("", &[]);
+    let store = TestStore::new(kind, &config);
+    let server = start(&config, &store);
+    let id = server.create("gpt-4o");
+    let put = |server: &Server, body: Value| {
+        server.request(
+            "PUT",
+            &format!("/v1/sessions/{id}/expiration_override"),
+            Some(&body),
+            false,
+        )
+    };
+    // A tool result that expires after one turn, compacted to 5 characters.
+    let answer = server.post(
+        &format!("/v1/sessions/{id}/turns"),
+        &j!({"messages": [
+            {"role": "user", "content": "read it"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "read_file", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "0123456789abcdefghij",
+             "metadata": {"expiration": {"turns": 1, "mode": "compact", "compact_length": 5}}},
+            {"role": "assistant", "content": "read"},
+        ]}),
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let answer = put(&server, j!({"expiration_override": {"disable_expiration": true}}));
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        answer.body,
+        j!({"expiration_override": {"disable_expiration": true}})
+    );
+    // Stored: a restart keeps it.
+    assert_eq!(server.stop().code(), Some(0));
+    let server = start(&config, &store);
+    let tool_content = |server: &Server| server.history(&id, false)[2]["content"].clone();
+    // Turns with no tool result, so only expiration can change the one above.
+    let chat = |server: &Server, n: u64| {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &j!({"messages": [{"role": "user", "content": format!("and {n}?")}, {"role": "assistant", "content": "ok"}]}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+    };
+    for n in 2..=3 {
+        chat(&server, n);
+    }
+    assert_eq!(
+        tool_content(&server),
+        "0123456789abcdefghij",
+        "expiration disabled"
+    );
+    // Refused overrides change nothing.
+    let bad = put(&server, j!({"expiration_override": {"mode": "explode"}}));
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert!(bad.error().1.contains("expiration_override"), "{bad:?}");
+    assert_eq!(put(&server, j!({"override": {}})).status, 400);
+    assert_eq!(put(&server, j!({})).status, 400);
+    assert_eq!(
+        server
+            .request(
+                "PUT",
+                "/v1/sessions/nope/expiration_override",
+                Some(&j!({"expiration_override": null})),
+                false
+            )
+            .status,
+        404
+    );
+    chat(&server, 4);
+    assert_eq!(tool_content(&server), "0123456789abcdefghij", "still disabled");
+    // Removed: the message's own expiration applies at the next turn.
+    let answer = put(&server, j!({"expiration_override": null}));
+    assert_eq!(answer.body, j!({"expiration_override": null}));
+    chat(&server, 5);
+    let compacted = tool_content(&server);
+    assert!(
+        compacted.as_str().unwrap().starts_with("01234...\n\n[Compacted"),
+        "{compacted}"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+}
+
 e2e_tests::store_tests!(
     maxctx_is_written_keeping_the_file_and_temp_is_not_and_both_apply_to_live_sessions,
     maxusers_and_sessiontimeout_are_written_and_applied,
     expand_history_and_clear_work_on_the_working_history,
     unknown_and_malformed_commands_are_400s_naming_them,
+    the_expiration_override_is_replaced_stored_and_applied_from_the_next_turn,
 );
