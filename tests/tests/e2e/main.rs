@@ -26,6 +26,7 @@ mod properties;
 mod proxy;
 mod relevance;
 mod retention;
+mod rewriting;
 mod role_pair;
 mod scaffold;
 mod sessions_chat;
