@@ -7,6 +7,7 @@
 mod common;
 
 mod agentctl;
+mod agentctl_plugins;
 mod bad_input;
 mod config_errors;
 mod deadline;
