@@ -803,15 +803,28 @@ fn check_reports_a_plugin_that_faults_on_the_sample() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("  fixture_fault  6 -> 6 messages  FAULT: fixture_fault refuses 6 messages"),
+        stdout.contains("  fixture_fault  6 -> 6 messages  FAULT (see the problem below)"),
         "{stdout}"
     );
-    assert!(stdout.contains("check: FAILED (2 problem(s))"), "{stdout}");
+    // The same fault on both models: printed once, naming both.
+    assert_eq!(
+        stdout.matches("fixture_fault refuses 6 messages").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "problem: plugin \"fixture_fault\" faulted on the sample history (models local-8k, default): \
+             fixture_fault refuses 6 messages"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("check: FAILED (1 problem(s))"), "{stdout}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains(
-            "check failed: plugin \"fixture_fault\" faulted on the sample history (model local-8k)"
+            "check failed: plugin \"fixture_fault\" faulted on the sample history (models local-8k, default)"
         ),
         "{stderr}"
     );

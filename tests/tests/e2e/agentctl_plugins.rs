@@ -285,3 +285,47 @@ fn plugin_set_keeps_the_layout_and_the_plugins_own_refusal_leaves_the_file_alone
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn plugins_tells_a_library_that_does_not_load_from_a_refused_table() {
+    let folder = Folder::new("\n[plugin.redactor]\nreplacement = \"\"\n");
+    std::fs::copy(
+        fixture_library("redactor"),
+        folder.plugins.join(library_file_name("redactor")),
+    )
+    .unwrap();
+    std::fs::write(folder.plugins.join(library_file_name("broken")), b"not a library").unwrap();
+    let output = folder.agentctl(&["plugins"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{text}"))
+            .to_string()
+    };
+    let redactor = line("redactor");
+    assert!(
+        redactor.contains("loads, but its [plugin.redactor] table is refused: ")
+            && redactor.contains("replacement: must be a non-empty text"),
+        "{text}"
+    );
+    assert!(!redactor.contains("DOES NOT LOAD"), "{text}");
+    assert!(line("broken").contains("DOES NOT LOAD: "), "{text}");
+
+    let output = folder.agentctl(&["plugins", "--json"]);
+    let value = json(&String::from_utf8_lossy(&output.stdout));
+    let find = |name: &str| {
+        value["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let (redactor, broken) = (find("redactor"), find("broken"));
+    assert_eq!((redactor["loads"].clone(), redactor["available"].clone()), (false.into(), true.into()));
+    assert!(redactor["config_error"].as_str().unwrap().contains("replacement"), "{redactor}");
+    assert_eq!((broken["available"].clone(), broken["config_error"].clone()), (false.into(), serde_json::Value::Null));
+}
