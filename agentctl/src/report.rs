@@ -208,10 +208,9 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
         // not load: the fix is in the configuration, not the library.
         let loads = match (&status.config_error, status.available, status.loads) {
             (_, _, true) => "loads".to_string(),
-            (Some(err), true, false) => format!(
-                "loads, but its [plugin.{}] table is refused: {err}",
-                status.name
-            ),
+            (Some(err), true, false) => {
+                format!("loads, but its [plugin.{}] table is refused: {err}", status.name)
+            }
             _ => format!(
                 "DOES NOT LOAD: {}",
                 status.reason.as_deref().unwrap_or("unknown reason")

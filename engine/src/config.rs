@@ -1012,10 +1012,9 @@ mod tests {
         assert_eq!(config.plugin_key_line("retention", "placeholder"), Some(2));
         assert_eq!(config.plugin_key_line("retention", "tools.search.turns"), Some(5));
         // An entry of an array value: its own line, or the key's when on one line.
-        let config = parse(
-            "[plugin.redactor]\nalso = [\n  \"TOKEN\",\n  \"\",\n]\none_line = [\"a\", \"\"]\n",
-        )
-        .unwrap();
+        let config =
+            parse("[plugin.redactor]\nalso = [\n  \"TOKEN\",\n  \"\",\n]\none_line = [\"a\", \"\"]\n")
+                .unwrap();
         assert_eq!(config.plugin_key_line("redactor", "also[1]"), Some(4));
         assert_eq!(config.plugin_key_line("redactor", "also[0]"), Some(3));
         assert_eq!(config.plugin_key_line("redactor", "also[9]"), Some(2));

@@ -355,7 +355,11 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                     .collect();
                 for stage in &stages {
                     if let Some(fault) = &stage.fault {
-                        faults.add(format!("plugin \"{}\" faulted on the sample history", stage.plugin), fault, &name);
+                        faults.add(
+                            format!("plugin \"{}\" faulted on the sample history", stage.plugin),
+                            fault,
+                            &name,
+                        );
                     }
                 }
                 report.runs.push(SampleRun {

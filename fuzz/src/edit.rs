@@ -83,10 +83,7 @@ fn allowed(generated: &Generated, edit: &Edit, config: &Config) -> Option<Range<
         Edit::MaxCtx(_) => one(generated.agent_max_ctx),
         Edit::MaxUsers(_) => one(generated.max_users),
         Edit::SessionTimeout(_) => one(generated.session_timeout),
-        Edit::Require { .. }
-        | Edit::Unrequire { .. }
-        | Edit::PluginSet { .. }
-        | Edit::PluginUnset { .. } => {
+        Edit::Require { .. } | Edit::Unrequire { .. } | Edit::PluginSet { .. } | Edit::PluginUnset { .. } => {
             unreachable!("the generator makes no `required` or plugin-table edits")
         }
     }
@@ -126,11 +123,17 @@ fn check_result(edit: &Edit, before: &Config, after: &Config) {
         Edit::Require { name } => assert!(after.required.contains(name), "required"),
         Edit::Unrequire { name } => assert!(!after.required.contains(name), "not required"),
         Edit::PluginSet { name, key, .. } => assert!(
-            after.plugins.iter().any(|t| &t.name == name && t.json.get(key).is_some()),
+            after
+                .plugins
+                .iter()
+                .any(|t| &t.name == name && t.json.get(key).is_some()),
             "set"
         ),
         Edit::PluginUnset { name, key } => assert!(
-            !after.plugins.iter().any(|t| &t.name == name && t.json.get(key).is_some()),
+            !after
+                .plugins
+                .iter()
+                .any(|t| &t.name == name && t.json.get(key).is_some()),
             "unset"
         ),
     }

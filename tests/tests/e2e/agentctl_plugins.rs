@@ -325,7 +325,16 @@ fn plugins_tells_a_library_that_does_not_load_from_a_refused_table() {
             .clone()
     };
     let (redactor, broken) = (find("redactor"), find("broken"));
-    assert_eq!((redactor["loads"].clone(), redactor["available"].clone()), (false.into(), true.into()));
-    assert!(redactor["config_error"].as_str().unwrap().contains("replacement"), "{redactor}");
-    assert_eq!((broken["available"].clone(), broken["config_error"].clone()), (false.into(), serde_json::Value::Null));
+    assert_eq!(
+        (redactor["loads"].clone(), redactor["available"].clone()),
+        (false.into(), true.into())
+    );
+    assert!(
+        redactor["config_error"].as_str().unwrap().contains("replacement"),
+        "{redactor}"
+    );
+    assert_eq!(
+        (broken["available"].clone(), broken["config_error"].clone()),
+        (false.into(), serde_json::Value::Null)
+    );
 }

@@ -101,9 +101,14 @@ fn a_refused_entry_of_an_array_value_points_at_its_line() {
     // One entry per line: the entry's own line (8); on one line: the key's (6).
     let line = refused(&body("[\n  \"TOKEN\",\n  \"\",\n]"));
     assert!(
-        line.contains("plugins-enabled.toml:8: [plugin.redactor] also[1]: an empty secret would match everywhere"),
+        line.contains(
+            "plugins-enabled.toml:8: [plugin.redactor] also[1]: an empty secret would match everywhere"
+        ),
         "{line}"
     );
     let line = refused(&body("[\"TOKEN\", \"\"]"));
-    assert!(line.contains("plugins-enabled.toml:6: [plugin.redactor] also[1]"), "{line}");
+    assert!(
+        line.contains("plugins-enabled.toml:6: [plugin.redactor] also[1]"),
+        "{line}"
+    );
 }
