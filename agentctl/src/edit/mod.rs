@@ -141,7 +141,7 @@ pub fn run(
         });
     }
     if let (Some(name), Some(prober)) = (edit.plugin_table(), &prober) {
-        probe_table(file, &planned.text, name, &catalog, prober)?;
+        plugin_table::probe(file, &planned.text, name, &catalog, prober)?;
     }
     if let Err(refused) = validate(file, &planned.text, &catalog) {
         // Say so when the file was broken before the edit and the edit does not fix it.
@@ -159,47 +159,6 @@ pub fn run(
         summary: planned.summary,
         written: true,
     })
-}
-
-/// Runs the plugin `name`'s own `new` on its table in the edited `text`, in a child
-/// process (a plugin that crashes in `new` ends the child, not agentctl): the edited text
-/// is written to a temporary file beside `file` (so relative paths in it mean the same),
-/// which the child reads and which is removed after.
-fn probe_table(
-    file: &Path,
-    text: &str,
-    name: &str,
-    catalog: &Catalog,
-    prober: &Prober,
-) -> Result<(), Refused> {
-    let Some(library) = catalog.file(name) else {
-        return Ok(()); // Not installed: validate() refuses it, naming what is available.
-    };
-    let (_, folder, file_name) = crate::write::location(file);
-    let candidate = folder.join(format!(".{file_name}.agentctl-{}.tmp", std::process::id()));
-    std::fs::write(&candidate, text).map_err(|err| {
-        Refused(format!(
-            "cannot write {} to check the edit: {err}; {} is unchanged",
-            candidate.display(),
-            file.display()
-        ))
-    })?;
-    let probed = prober.probe(&library.target, Some(&candidate));
-    let _ = std::fs::remove_file(&candidate);
-    let refuse = |why: String| {
-        // The child read the candidate: name the real file in what it says.
-        let why = why.replace(&candidate.display().to_string(), &file.display().to_string());
-        Refused(format!(
-            "refused: after this edit the configuration would not load: {why}"
-        ))
-    };
-    match probed {
-        Err(refusal) => Err(refuse(refusal.to_string())),
-        Ok(probed) => match probed.config_error {
-            Some(err) => Err(refuse(err)),
-            None => Ok(()),
-        },
-    }
 }
 
 /// Checks edited text by the host's own rules: it parses ([`Config::parse`]), every
@@ -888,64 +847,6 @@ mod tests {
             .contains("\"c\" is not in the chain"));
         assert!(unrequire(s, "a").unwrap_err().0.contains("\"a\" is not required"));
         assert!(require(s, "../x").unwrap_err().0.contains("not a plugin name"));
-    }
-
-    #[test]
-    fn plugin_table_edits_keep_the_layout() {
-        let s = "[history]\nchain = [\"default\"]\n\n[plugin.default]\npin_system = true  # keep it\n\n# models\n[models.m]\nmax_context = 10\n";
-        let set = |s: &str, key: &str, value: &str| {
-            edit(
-                s,
-                Edit::PluginSet {
-                    name: "default".into(),
-                    key: key.into(),
-                    value: value.into(),
-                },
-            )
-        };
-        assert_eq!(
-            set(s, "pin_system", "false").unwrap(),
-            s.replace("pin_system = true  #", "pin_system = false  #")
-        );
-        assert_eq!(
-            set(s, "target_messages", "8").unwrap(),
-            s.replace("# keep it\n", "# keep it\ntarget_messages = 8\n")
-        );
-        let unset = edit(
-            s,
-            Edit::PluginUnset {
-                name: "default".into(),
-                key: "pin_system".into(),
-            },
-        )
-        .unwrap();
-        assert_eq!(unset, s.replace("pin_system = true  # keep it\n", ""));
-        // A table the file lacks is appended.
-        let bare = "[history]\nchain = [\"default\", \"a\"]\n";
-        let added = edit(
-            bare,
-            Edit::PluginSet {
-                name: "a".into(),
-                key: "label".into(),
-                value: "[redacted]".into(),
-            },
-        )
-        .unwrap();
-        assert_eq!(added, format!("{bare}\n[plugin.a]\nlabel = \"[redacted]\"\n"));
-        assert!(edit(
-            s,
-            Edit::PluginUnset {
-                name: "default".into(),
-                key: "nope".into()
-            }
-        )
-        .unwrap_err()
-        .0
-        .contains("[plugin.default] has no nope to unset"));
-        assert!(set(s, "a.b", "1")
-            .unwrap_err()
-            .0
-            .contains("edit nested tables by hand"));
     }
 
     #[test]
