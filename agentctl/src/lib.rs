@@ -4,5 +4,6 @@
 //! write the configuration through the same [`edit::run`].
 
 pub mod edit;
+pub mod install;
 pub mod report;
 pub mod write;

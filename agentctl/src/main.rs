@@ -86,6 +86,26 @@ enum Command {
     HistoryRequire { name: String },
     /// Remove a plugin from [history] required.
     HistoryUnrequire { name: String },
+    /// Set KEY of [plugin.NAME] to VALUE (a TOML value: 5, true, "text", [1, 2]; anything
+    /// else is taken as a string). The plugin validates its new table before anything is
+    /// written.
+    PluginSet {
+        name: String,
+        key: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Remove KEY from [plugin.NAME]: the plugin's default applies again.
+    PluginUnset { name: String, key: String },
+    /// Copy a plugin library (libhistory_plugin_NAME.so) into plugin_dir, once it has
+    /// loaded in a child process, passed the plugin-api checks, exported NAME and accepted
+    /// its [plugin.NAME] table.
+    Install {
+        library: PathBuf,
+        /// Replace a different library installed under the same name.
+        #[arg(long)]
+        force: bool,
+    },
     /// Every plugin library in plugin_dir: name, version, file, whether it loads, whether
     /// it is enabled.
     Plugins,
@@ -179,6 +199,7 @@ fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
         Command::HistoryList => return history_list(out, file, json),
         Command::Plugins => return plugins(out, file, json),
         Command::Check => return check(out, file, json),
+        Command::Install { library, force } => return install(out, file, &library, force, json, guard),
         Command::ProbeLibrary { .. } => unreachable!("answered before anything else runs"),
         Command::HistoryChainAdd { name, at, view } => {
             let at = at
@@ -194,6 +215,8 @@ fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
         },
         Command::HistoryRequire { name } => Edit::Require { name },
         Command::HistoryUnrequire { name } => Edit::Unrequire { name },
+        Command::PluginSet { name, key, value } => Edit::PluginSet { name, key, value },
+        Command::PluginUnset { name, key } => Edit::PluginUnset { name, key },
         Command::HistoryMaxctx { n } => Edit::MaxCtx(number(&n, "history-maxctx N")?),
         Command::MaxUsers { n } => Edit::MaxUsers(number(&n, "max-users N")?),
         Command::SessionTimeout { minutes } => {
@@ -218,7 +241,7 @@ fn init_logging() {
 
 /// The environment variable of the fault-injection hook for tests: `after-write` makes
 /// the process exit after the temporary file is written and before it is renamed over the
-/// configuration (what a crash at the worst moment does).
+/// configuration, or over the library `install` places (what a crash at the worst moment does).
 const FAULT_ENV: &str = "AGENTCTL_FAULT";
 
 /// The exit status of a process stopped by the fault hook.
@@ -228,7 +251,9 @@ fn fault_hook(guard: &ExitGuard) {
     if std::env::var(FAULT_ENV).is_ok_and(|v| v == "after-write") {
         error_line(
             PROGRAM,
-            &format!("{FAULT_ENV}=after-write: stopping before the rename (the configuration is unchanged)"),
+            &format!(
+                "{FAULT_ENV}=after-write: stopping before the rename (what it would replace is unchanged)"
+            ),
         );
         guard.disarm();
         std::process::exit(FAULT_EXIT_STATUS);
@@ -307,6 +332,49 @@ fn run_edit(
         }
         failure
     })?;
+    Ok(true)
+}
+
+fn install(
+    out: &mut Output,
+    file: &Path,
+    library: &Path,
+    force: bool,
+    json: bool,
+    guard: &ExitGuard,
+) -> Result<bool, Failure> {
+    let installed = agentctl::install::install(file, library, force, &prober()?, &|| fault_hook(guard))
+        .map_err(|refusal| refused(refusal.0))?;
+    if json {
+        print_json(
+            out,
+            &serde_json::json!({
+                "name": installed.name,
+                "version": installed.version,
+                "file": installed.file.display().to_string(),
+                "written": installed.written,
+                "replaced": installed.replaced,
+            }),
+        )?;
+    } else {
+        let what = match (installed.written, installed.replaced) {
+            (false, _) => "is already installed, identical; unchanged",
+            (true, true) => "installed, replacing a different library",
+            (true, false) => "installed",
+        };
+        print_text(
+            out,
+            &format!(
+                "{} {} {what}: {}
+next: agentctl history-chain-add {}
+",
+                installed.name,
+                installed.version,
+                installed.file.display(),
+                installed.name
+            ),
+        )?;
+    }
     Ok(true)
 }
 

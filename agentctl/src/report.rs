@@ -204,13 +204,17 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
             Some(p) => format!("enabled ({p})"),
             None => "not enabled".to_string(),
         };
-        let loads = if status.loads {
-            "loads".to_string()
-        } else {
-            format!(
+        // A library that loads but whose table its plugin refuses is not one that does
+        // not load: the fix is in the configuration, not the library.
+        let loads = match (&status.config_error, status.available, status.loads) {
+            (_, _, true) => "loads".to_string(),
+            (Some(err), true, false) => {
+                format!("loads, but its [plugin.{}] table is refused: {err}", status.name)
+            }
+            _ => format!(
                 "DOES NOT LOAD: {}",
                 status.reason.as_deref().unwrap_or("unknown reason")
-            )
+            ),
         };
         let _ = writeln!(
             text,
@@ -228,7 +232,9 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
             "version": s.version,
             "file": s.file.as_ref().map(|f| f.display().to_string()),
             "loads": s.loads,
+            "available": s.available,
             "reason": s.reason,
+            "config_error": s.config_error,
             "enabled": s.enabled,
             "position": s.position.map(|p| p.position),
             "list": s.position.map(|p| p.list()),
@@ -269,9 +275,10 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
         );
         let width = run.stages.iter().map(|s| s.plugin.len()).max().unwrap_or(0);
         for stage in &run.stages {
+            // The fault's words are in its problem line below, once for every model.
             let state = match &stage.fault {
-                None => "ok".to_string(),
-                Some(fault) => format!("FAULT: {fault}"),
+                None => "ok",
+                Some(_) => "FAULT (see the problem below)",
             };
             let _ = writeln!(
                 text,

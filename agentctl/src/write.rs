@@ -190,7 +190,7 @@ impl Drop for EditLock {
 
 /// Removes temporary files an interrupted agentctl left beside the configuration: those
 /// of processes that no longer run (or, where that cannot be told, older than an hour).
-fn remove_stale_temporaries(folder: &Path, file_name: &str) {
+pub(crate) fn remove_stale_temporaries(folder: &Path, file_name: &str) {
     let Ok(entries) = std::fs::read_dir(folder) else {
         return;
     };

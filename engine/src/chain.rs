@@ -387,7 +387,15 @@ impl Chain {
                 state.tokens = tokens::history_tokens(ctx.model.tokenizer, &state.history);
                 report.messages_out = state.history.len();
                 report.tokens_out = state.tokens;
-                report.events = output.events.into_iter().collect();
+                // Events are the run's: the host fills the turn (plugin_api::Event::of).
+                report.events = output
+                    .events
+                    .into_iter()
+                    .map(|event| Event {
+                        turn: ctx.turn,
+                        ..event
+                    })
+                    .collect();
                 log_events(&stage.name, &report.events);
             }
             Err(message) => match self.on_error {

@@ -50,37 +50,74 @@ fn series(version: VersionNumber) -> String {
     }
 }
 
+/// The enums that only flow out of plugins (a plugin returns them, the host never hands
+/// one to a plugin), by `(package, type name)`: a plugin's copy may lack trailing variants,
+/// which it then never sends. docs/abi.md#versioning lists them.
+const OUTBOUND_ENUMS: &[(&str, &str)] = &[("plugin-api", "EventKind")];
+
 /// abi_stable's layout check of a plugin's root module against the host's, letting the
 /// ABI grow. Passes when the layouts match, and when the plugin is older: the only
-/// differences are prefix types below the root module (the host's services, the plugin
-/// instance's vtable) of which the plugin's copy lacks trailing fields the host's has.
-/// That is safe: a prefix-type accessor checks at run time whether the instance it reads
-/// has the field (a plugin never sees a service it does not know; the host calls an
-/// entry point a plugin lacks through its default body).
+/// differences are
 ///
-/// An older plugin fails abi_stable's check in the host's direction with field-count
+/// - prefix types below the root module (the host's services, the plugin instance's
+///   vtable) of which the plugin's copy lacks trailing fields the host's has. That is
+///   safe: a prefix-type accessor checks at run time whether the instance it reads has the
+///   field (a plugin never sees a service it does not know; the host calls an entry point
+///   a plugin lacks through its default body);
+/// - enums that only flow out of plugins ([`OUTBOUND_ENUMS`]: the event kinds) of which
+///   the plugin's copy lacks trailing variants the host's has, every variant it has being
+///   the host's at the same place. That is safe: the plugin can only send values the host
+///   knows.
+///
+/// An older plugin fails abi_stable's check in the host's direction with those
 /// differences only; the check the other way round (the plugin's layout as the interface,
-/// the host's as the implementation) then passes exactly when everything else matches,
-/// and it also runs abi_stable's final checks that the failed one skipped. It runs on
-/// checking state of its own: abi_stable keeps, process-wide, one merged description per
-/// prefix type it has checked, and would compare every later plugin against the older
-/// plugin's copy — refusing the current ones.
+/// the host's as the implementation) then passes — but for the same enums, now seen the
+/// other way round — exactly when everything else matches, and it also runs abi_stable's
+/// final checks that the failed one skipped (when no enum differs). It runs on checking
+/// state of its own: abi_stable keeps, process-wide, one merged description per prefix
+/// type it has checked, and would compare every later plugin against the older plugin's
+/// copy — refusing the current ones.
 ///
 /// The root module is never allowed to differ: it is frozen, and its accessors panic on a
-/// missing field.
+/// missing field. Anything else — a variant inserted, renamed or reordered, an enum that
+/// flows into plugins, a plugin's copy with *more* variants — is refused.
 pub fn check_layout(
     host: &'static TypeLayout,
     plugin: &'static TypeLayout,
+) -> Result<(), AbiInstabilityErrors> {
+    check_layout_growing(host, plugin, OUTBOUND_ENUMS)
+}
+
+/// [`check_layout`] with the list of outbound enums given (the unit tests use their own).
+fn check_layout_growing(
+    host: &'static TypeLayout,
+    plugin: &'static TypeLayout,
+    outbound: &[(&str, &str)],
 ) -> Result<(), AbiInstabilityErrors> {
     let errors = match check_layout_compatibility(host, plugin) {
         Ok(()) => return Ok(()),
         Err(errors) => errors,
     };
     // An error with no shallow differences only says that something below it differs.
-    if !errors.errors.iter().all(|e| e.errs.is_empty() || is_growth(e)) {
+    let growth = |e: &AbiInstabilityError| {
+        e.errs.is_empty() || is_growth(e) || is_enum_growth(e, outbound, Direction::HostFirst)
+    };
+    if !errors.errors.iter().all(growth) {
         return Err(errors);
     }
-    check_layout_compatibility_with_globals(plugin, host, &CheckingGlobals::new())
+    match check_layout_compatibility_with_globals(plugin, host, &CheckingGlobals::new()) {
+        Ok(()) => Ok(()),
+        Err(reverse) => {
+            let enum_growth = |e: &AbiInstabilityError| {
+                e.errs.is_empty() || is_enum_growth(e, outbound, Direction::PluginFirst)
+            };
+            if reverse.errors.iter().all(enum_growth) && reverse.errors.iter().any(|e| !e.errs.is_empty()) {
+                Ok(())
+            } else {
+                Err(reverse)
+            }
+        }
+    }
 }
 
 /// Whether one type's differences are the host's copy of a prefix type having trailing
@@ -97,6 +134,37 @@ fn is_growth(error: &AbiInstabilityError) -> bool {
         && error.errs.iter().all(|difference| match difference {
             AbiInstability::FieldCountMismatch(counts) => counts.found < counts.expected,
             AbiInstability::Size(sizes) => sizes.found < sizes.expected,
+            _ => false,
+        })
+}
+
+/// Which side a check took as the interface (`expected`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// The host's layout is expected, the plugin's found.
+    HostFirst,
+    /// The plugin's layout is expected, the host's found.
+    PluginFirst,
+}
+
+/// Whether one type's differences are an outbound enum of which the plugin's copy has
+/// fewer variants than the host's, and nothing else: abi_stable has already compared the
+/// variants both copies have (names, field counts, discriminants) and reports any
+/// difference there as an error of its own.
+fn is_enum_growth(error: &AbiInstabilityError, outbound: &[(&str, &str)], direction: Direction) -> bool {
+    let Some(TLFieldOrFunction::Field(field)) = error.stack_trace.last().map(|step| &step.expected) else {
+        return false;
+    };
+    let layout = field.layout();
+    let is_outbound = outbound
+        .iter()
+        .any(|(package, name)| layout.package() == *package && layout.name() == *name);
+    is_outbound
+        && error.errs.iter().all(|difference| match difference {
+            AbiInstability::TooManyVariants(counts) => match direction {
+                Direction::HostFirst => counts.found < counts.expected,
+                Direction::PluginFirst => counts.found > counts.expected,
+            },
             _ => false,
         })
 }
@@ -150,6 +218,8 @@ mod tests {
     macro_rules! release {
         (
             $release:ident,
+            kinds { $($kind:tt)* }
+            levels { $($level:tt)* }
             services { $($service:tt)* }
             entry_points { $($entry_point:tt)* }
             root { $($root:tt)* }
@@ -168,16 +238,42 @@ mod tests {
                     $($service)*
                 }
 
+                /// Flows out of plugins only, like `EventKind`.
+                #[repr(u8)]
+                #[derive(StableAbi)]
+                pub enum Kind {
+                    Removed,
+                    Omitted,
+                    $($kind)*
+                }
+
+                /// Flows into plugins, like `Tokenizer`.
+                #[repr(u8)]
+                #[derive(StableAbi)]
+                pub enum Level {
+                    Low,
+                    High,
+                    $($level)*
+                }
+
+                #[repr(C)]
+                #[derive(StableAbi)]
+                pub struct Out {
+                    pub kind: Kind,
+                    pub count: u64,
+                }
+
                 #[repr(C)]
                 #[derive(StableAbi)]
                 pub struct Ctx {
                     pub turn: u64,
+                    pub level: Level,
                     pub services: ServicesRef,
                 }
 
                 #[sabi_trait]
                 pub trait Instance {
-                    fn process(&self, ctx: &Ctx) -> u64;
+                    fn process(&self, ctx: &Ctx) -> Out;
                     #[sabi(last_prefix_field)]
                     fn on_switch(&self, ctx: &Ctx) -> u64;
                     $($entry_point)*
@@ -197,27 +293,75 @@ mod tests {
         };
     }
 
-    release!(first, services {} entry_points {} root {});
+    release!(first, kinds {} levels {} services {} entry_points {} root {});
+    release!(
+        with_kind,
+        kinds { Changed, }
+        levels {}
+        services {}
+        entry_points {}
+        root {}
+    );
+    release!(
+        with_kind_and_service,
+        kinds { Changed, }
+        levels {}
+        services { pub summarize: extern "C" fn(RStr<'_>) -> u64, }
+        entry_points {}
+        root {}
+    );
+    release!(
+        with_two_kinds,
+        kinds { Changed, Summarized, }
+        levels {}
+        services {}
+        entry_points {}
+        root {}
+    );
+    release!(
+        with_other_kind,
+        kinds { Summarized, }
+        levels {}
+        services {}
+        entry_points {}
+        root {}
+    );
+    release!(
+        with_level,
+        kinds {}
+        levels { Top, }
+        services {}
+        entry_points {}
+        root {}
+    );
     release!(
         with_service,
+        kinds {}
+        levels {}
         services { pub summarize: extern "C" fn(RStr<'_>) -> u64, }
         entry_points {}
         root {}
     );
     release!(
         with_entry_point,
+        kinds {}
+        levels {}
         services {}
         entry_points { fn on_end(&self) -> u64 { 0 } }
         root {}
     );
     release!(
         with_root_field,
+        kinds {}
+        levels {}
         services {}
         entry_points {}
         root { pub describe: extern "C" fn() -> RStr<'static>, }
     );
     release!(
         with_changed_service,
+        kinds {}
+        levels {}
         services { pub summarize: extern "C" fn(RStr<'_>, u64) -> u64, }
         entry_points {}
         root {}
@@ -276,5 +420,62 @@ mod tests {
         let changed = layout::<with_changed_service::ModRef>();
         assert!(check_layout(service, changed).is_err());
         assert!(check_layout(changed, service).is_err());
+    }
+
+    /// What the engine's unit tests call the outbound `Kind` above.
+    const KIND: &[(&str, &str)] = &[("history-engine", "Kind")];
+
+    fn check(host: &'static TypeLayout, plugin: &'static TypeLayout) -> Result<(), AbiInstabilityErrors> {
+        check_layout_growing(host, plugin, KIND)
+    }
+
+    #[test]
+    fn a_plugin_built_before_a_new_event_kind_passes_where_abi_stable_refuses_it() {
+        let host = layout::<with_kind::ModRef>();
+        let plugin = layout::<first::ModRef>();
+        assert!(check_layout_compatibility(host, plugin).is_err());
+        assert!(check(host, plugin).is_ok());
+        assert!(check(host, host).is_ok());
+        // Two kinds at once, and a kind beside a new service.
+        assert!(check(layout::<with_two_kinds::ModRef>(), plugin).is_ok());
+        assert!(check(layout::<with_kind_and_service::ModRef>(), plugin).is_ok());
+        assert!(check(layout::<with_kind_and_service::ModRef>(), host).is_ok());
+    }
+
+    #[test]
+    fn an_enum_not_listed_as_outbound_may_not_grow() {
+        let host = layout::<with_kind::ModRef>();
+        let plugin = layout::<first::ModRef>();
+        assert!(check_layout_growing(host, plugin, &[]).is_err());
+        assert!(check_layout_growing(host, plugin, &[("history-engine", "Level")]).is_err());
+    }
+
+    #[test]
+    fn a_kind_the_host_lacks_or_a_different_kind_is_refused() {
+        let (first, with_kind) = (layout::<first::ModRef>(), layout::<with_kind::ModRef>());
+        // The plugin's copy has a variant the host does not know.
+        assert!(check(first, with_kind).is_err());
+        // Same count, another variant at the same place.
+        assert!(check(with_kind, layout::<with_other_kind::ModRef>()).is_err());
+        // The plugin's variants are not the host's first ones.
+        assert!(check(
+            layout::<with_two_kinds::ModRef>(),
+            layout::<with_other_kind::ModRef>()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn an_enum_that_flows_into_plugins_may_not_grow() {
+        let host = layout::<with_level::ModRef>();
+        let plugin = layout::<first::ModRef>();
+        assert!(check(host, plugin).is_err());
+        assert!(check(plugin, host).is_err());
+    }
+
+    #[test]
+    fn the_plugin_api_event_kind_is_the_one_listed() {
+        let layout = <plugin_api::EventKind as StableAbi>::LAYOUT;
+        assert!(OUTBOUND_ENUMS.contains(&(layout.package().as_str(), layout.name())));
     }
 }

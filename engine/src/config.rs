@@ -627,8 +627,23 @@ impl Config {
         let mut table = plugins.get(name)?.as_table()?;
         let mut span = plugins.key(name).and_then(|k| k.span());
         for part in key_path.split('.').filter(|p| !p.is_empty()) {
-            span = table.key(part).and_then(|k| k.span()).or(span);
-            match table.get(part).and_then(Item::as_table) {
+            // `patterns[1]`: an entry of an array value, named by a plugin.
+            let (key, index) = match part.split_once('[') {
+                Some((key, rest)) => (key, rest.strip_suffix(']').and_then(|i| i.parse::<usize>().ok())),
+                None => (part, None),
+            };
+            span = table.key(key).and_then(|k| k.span()).or(span);
+            if let Some(index) = index {
+                // The entry's own line when the parser kept it, else the key's.
+                let entry = table
+                    .get(key)
+                    .and_then(Item::as_array)
+                    .and_then(|array| array.get(index))
+                    .and_then(|value| value.span());
+                span = entry.or(span);
+                break;
+            }
+            match table.get(key).and_then(Item::as_table) {
                 Some(inner) => table = inner,
                 None => break,
             }
@@ -996,6 +1011,17 @@ mod tests {
                 .unwrap();
         assert_eq!(config.plugin_key_line("retention", "placeholder"), Some(2));
         assert_eq!(config.plugin_key_line("retention", "tools.search.turns"), Some(5));
+        // An entry of an array value: its own line, or the key's when on one line.
+        let config =
+            parse("[plugin.redactor]\nalso = [\n  \"TOKEN\",\n  \"\",\n]\none_line = [\"a\", \"\"]\n")
+                .unwrap();
+        assert_eq!(config.plugin_key_line("redactor", "also[1]"), Some(4));
+        assert_eq!(config.plugin_key_line("redactor", "also[0]"), Some(3));
+        assert_eq!(config.plugin_key_line("redactor", "also[9]"), Some(2));
+        assert_eq!(config.plugin_key_line("redactor", "one_line[1]"), Some(6));
+        let config =
+            parse("[plugin.retention]\nplaceholder = \"x\"\n\n[plugin.retention.tools.search]\nturns = 2\n")
+                .unwrap();
         assert_eq!(
             config.plugin_table("retention").unwrap().json,
             serde_json::json!({"placeholder": "x", "tools": {"search": {"turns": 2}}})

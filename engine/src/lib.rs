@@ -46,6 +46,9 @@ pub mod turns;
 
 pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, SharedChain, StageReport};
 pub use config::{Config, ConfigError, OnPluginError};
+/// Whether a file is a complete ELF shared library for this host, before anything maps it
+/// (`agentctl install` checks a library with it before copying it).
+pub use elf::check as check_elf_library;
 pub use loader::{
     host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, PluginLibrary,
     Refusal, Unavailable,

@@ -322,6 +322,8 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
     // `required` say.
     chain.on_error = OnPluginError::Skip;
     chain.required.clear();
+    // The same fault on every model is one problem, naming the models.
+    let mut faults = SampleFaults::default();
     for model in config.models_for_validation() {
         let history = match plugin_api::wire::history_from_str(SAMPLE_HISTORY) {
             Ok(history) => history,
@@ -353,11 +355,11 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                     .collect();
                 for stage in &stages {
                     if let Some(fault) = &stage.fault {
-                        report.problems.push(format!(
-                            "plugin \"{}\" faulted on the sample history (model {}): {fault}",
-                            stage.plugin,
-                            plugin_api::echo::bare(&name)
-                        ));
+                        faults.add(
+                            format!("plugin \"{}\" faulted on the sample history", stage.plugin),
+                            fault,
+                            &name,
+                        );
                     }
                 }
                 report.runs.push(SampleRun {
@@ -368,17 +370,59 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                     stages,
                 });
             }
-            Err(failure) => report
-                .problems
-                .push(format!("model {}: {failure}", plugin_api::echo::bare(&name))),
+            Err(failure) => faults.add("the sample run failed".to_string(), &failure.to_string(), &name),
         }
     }
+    report.problems.extend(faults.lines());
     report
+}
+
+/// SampleFaults of the sample runs, each once with the models it happened on, in the order
+/// first seen.
+#[derive(Default)]
+struct SampleFaults(Vec<(String, String, Vec<String>)>);
+
+impl SampleFaults {
+    fn add(&mut self, what: String, fault: &str, model: &str) {
+        let model = plugin_api::echo::bare(model).to_string();
+        match self.0.iter_mut().find(|(w, f, _)| *w == what && f == fault) {
+            Some((_, _, models)) => models.push(model),
+            None => self.0.push((what, fault.to_string(), vec![model])),
+        }
+    }
+
+    fn lines(self) -> impl Iterator<Item = String> {
+        self.0.into_iter().map(|(what, fault, models)| {
+            let on = match models.as_slice() {
+                [one] => format!("model {one}"),
+                many => format!("models {}", many.join(", ")),
+            };
+            format!("{what} ({on}): {fault}")
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_on_every_model_is_one_problem_naming_the_models() {
+        let mut faults = SampleFaults::default();
+        faults.add("plugin \"x\" faulted".into(), "boom", "a");
+        faults.add("plugin \"x\" faulted".into(), "boom", "default");
+        faults.add("plugin \"x\" faulted".into(), "other", "a");
+        faults.add("plugin \"y\" faulted".into(), "boom", "a");
+        let lines: Vec<String> = faults.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "plugin \"x\" faulted (models a, default): boom",
+                "plugin \"x\" faulted (model a): other",
+                "plugin \"y\" faulted (model a): boom",
+            ]
+        );
+    }
 
     #[test]
     fn the_sample_history_is_valid_and_well_formed() {

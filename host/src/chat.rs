@@ -182,6 +182,8 @@ impl Chat {
                     outcome.model.tokenizer.as_str(),
                     outcome.turn,
                     outcome.model.effective_ctx,
+                    // The session's input is not at hand here: no pinned line.
+                    &[],
                 );
                 let _ = write!(self.out, "{report}");
                 self.say(&format!(

@@ -55,15 +55,51 @@ fn event_lines(events: &[Event]) -> Vec<String> {
     lines
 }
 
+/// The input's pinned messages, by position: `pinned[i]` when `default`'s pins keep
+/// message `i` (docs/plugins.md#default).
+fn pinned_line(pinned: &[bool]) -> Option<String> {
+    let positions: Vec<String> = pinned
+        .iter()
+        .enumerate()
+        .filter(|(_, &p)| p)
+        .map(|(i, _)| i.to_string())
+        .collect();
+    match positions.as_slice() {
+        [] => None,
+        [one] => Some(format!(
+            "pinned: message {one} (kept, and not counted against effective_ctx)"
+        )),
+        many => Some(format!(
+            "pinned: messages {} (kept, and not counted against effective_ctx)",
+            many.join(", ")
+        )),
+    }
+}
+
 /// The `--explain` report: per plugin, messages and tokens in and out, and its events.
-pub fn explain(run: &ChainRun, model: &str, tokenizer: &str, turn: u64, effective_ctx: u64) -> String {
+/// `pinned` marks the input messages `default` pins.
+pub fn explain(
+    run: &ChainRun,
+    model: &str,
+    tokenizer: &str,
+    turn: u64,
+    effective_ctx: u64,
+    pinned: &[bool],
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "input: {} messages, {} tokens ({tokenizer}); model {}, turn {turn}, effective_ctx {effective_ctx}",
+        "input: {} messages, {} tokens ({tokenizer}); model {}, turn {turn}, effective_ctx {effective_ctx} (unpinned messages)",
         run.messages_in,
         thousands(run.tokens_in),
         echo::bare(model)
+    );
+    if let Some(line) = pinned_line(pinned) {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(
+        out,
+        "  (\"at message N\" below is a position in the input of the plugin on that line, not in this input)"
     );
     for fault in &run.input_faults {
         let _ = writeln!(out, "  structural fault in the input: {fault}");
@@ -106,4 +142,22 @@ pub fn explain(run: &ChainRun, model: &str, tokenizer: &str, turn: u64, effectiv
         let _ = writeln!(out, "  {}", prefix_line(kept, run.history.len()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_messages_are_named_as_not_counted() {
+        assert_eq!(pinned_line(&[false, false]), None);
+        assert_eq!(
+            pinned_line(&[true, false]).unwrap(),
+            "pinned: message 0 (kept, and not counted against effective_ctx)"
+        );
+        assert_eq!(
+            pinned_line(&[true, true, false]).unwrap(),
+            "pinned: messages 0, 1 (kept, and not counted against effective_ctx)"
+        );
+    }
 }

@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 use history_engine::document::parse_document;
 use history_engine::expand::{expand as expand_message, Target};
 use history_engine::output::{error_line, ExitGuard, Output, USAGE_STATUS, WRITE_FAILED_STATUS};
-use history_engine::{load_chain, logging, stateless_context, turns, Call};
+use history_engine::{load_chain, logging, stateless_context, turns, Call, Config};
 use plugin_api::wire::write_message;
 use plugin_api::{Message, RArc};
 
@@ -297,6 +297,8 @@ fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
     let turn = turns::current_turn(&document.messages, document.turn);
     let tokenizer = model.tokenizer.as_str();
     let ctx = stateless_context(&config, model, turn);
+    // Shared, not copied: only --explain reads it afterwards.
+    let input = explain.then(|| document.messages.clone());
     let run = chain
         .run_compared(document.messages, &ctx, Call::Process, previous.as_deref())
         .map_err(|failure| Failure {
@@ -306,7 +308,8 @@ fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
 
     tracing::info!("{}", history_engine::summary::summary_line(&run));
     if explain {
-        let report = explain::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx);
+        let pinned = history_trim::pinned_messages(input.as_deref().unwrap_or(&[]), default_pins(&config));
+        let report = explain::explain(&run, &model_name, tokenizer, turn, ctx.effective_ctx, &pinned);
         let _ = std::io::stderr().lock().write_all(report.as_bytes());
     } else if let Some(kept) = run.prefix_kept {
         tracing::info!(
@@ -321,6 +324,22 @@ fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
         })?;
     }
     write_history(out, &run.history)
+}
+
+/// What `default` pins, by its `[plugin.default]` table (docs/plugins.md#default; both
+/// pins are on unless the table turns one off).
+fn default_pins(config: &Config) -> history_trim::Pins {
+    let table = config.plugins.iter().find(|table| table.name == "default");
+    let pin = |key: &str| {
+        table
+            .and_then(|table| table.json.get(key))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true)
+    };
+    history_trim::Pins {
+        system: pin("pin_system"),
+        first_user: pin("pin_first_user"),
+    }
 }
 
 /// `expand`: one message of a stateless history restored.

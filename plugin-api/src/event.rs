@@ -9,6 +9,11 @@ use crate::message::Message;
 
 /// The kinds of lifecycle events (docs/chain.md#events-and-logs), plus `Warning` for a report that is not a
 /// fault (e.g. a retention policy of the wrong length).
+///
+/// Event kinds only flow out of plugins (in an [`Output`]), so a variant appended at the
+/// end is a patch release: a plugin built before it never reports it, and the host accepts
+/// its shorter copy of the enum (the crate docs, "ABI stability"). Never insert, reorder
+/// or remove a variant.
 #[repr(u8)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
@@ -20,6 +25,11 @@ pub enum EventKind {
     MessageExpanded,
     OverBudget,
     Warning,
+    /// A message's text was rewritten in place (a redaction, a normalization): a changed
+    /// copy with the same role and place. Since 0.2.2.
+    MessageChanged,
+    /// Messages were replaced by a summary of them. Since 0.2.2.
+    MessageSummarized,
 }
 
 impl EventKind {
@@ -34,8 +44,24 @@ impl EventKind {
             Self::MessageExpanded => "message-expanded",
             Self::OverBudget => "over-budget",
             Self::Warning => "warning",
+            Self::MessageChanged => "message-changed",
+            Self::MessageSummarized => "message-summarized",
         }
     }
+
+    /// Every kind, in declaration order.
+    pub const ALL: [EventKind; 10] = [
+        Self::MessageExpired,
+        Self::MessageCompacted,
+        Self::MessageRemoved,
+        Self::MessageOmitted,
+        Self::MessageMerged,
+        Self::MessageExpanded,
+        Self::OverBudget,
+        Self::Warning,
+        Self::MessageChanged,
+        Self::MessageSummarized,
+    ];
 }
 
 /// One lifecycle event.
@@ -43,7 +69,8 @@ impl EventKind {
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub kind: EventKind,
-    /// The turn in which it happened.
+    /// The turn in which it happened. The host sets it to the turn of the run on every
+    /// event it receives, so a plugin need not fill it ([`Event::of`]).
     pub turn: u64,
     /// The message's index in the history the plugin received, when about one message.
     pub index: ROption<u64>,
@@ -55,14 +82,24 @@ pub struct Event {
 }
 
 impl Event {
-    pub fn new(kind: EventKind, turn: u64, reason: impl Into<RString>) -> Event {
+    /// An event of `kind` with its reason. The host fills in the turn (the run's).
+    pub fn of(kind: EventKind, reason: impl Into<RString>) -> Event {
         Event {
             kind,
-            turn,
+            turn: 0,
             index: ROption::RNone,
             id: ROption::RNone,
             reason: reason.into(),
             tokens_saved: ROption::RNone,
+        }
+    }
+
+    /// The older form of [`Event::of`], from before the host filled in the turn; kept so
+    /// plugins written for it still compile. The `turn` given is replaced by the run's.
+    pub fn new(kind: EventKind, turn: u64, reason: impl Into<RString>) -> Event {
+        Event {
+            turn,
+            ..Event::of(kind, reason)
         }
     }
 
@@ -102,5 +139,29 @@ impl Output {
             history: history.into_iter().collect(),
             events: events.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_name() {
+        let names: std::collections::HashSet<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), EventKind::ALL.len());
+        assert_eq!(EventKind::MessageChanged.as_str(), "message-changed");
+        assert_eq!(EventKind::MessageSummarized.as_str(), "message-summarized");
+        // ALL lists the variants in declaration order, the last one last.
+        for (i, kind) in EventKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i);
+        }
+    }
+
+    #[test]
+    fn an_event_needs_no_turn() {
+        let event = Event::of(EventKind::MessageChanged, "redacted");
+        assert_eq!((event.turn, event.reason.as_str()), (0, "redacted"));
+        assert_eq!(Event::new(EventKind::Warning, 4, "w").turn, 4);
     }
 }

@@ -58,12 +58,17 @@
 //!   changed message from an invented one. A new tool result is made with
 //!   [`Message::placeholder_result`].
 //! - Read each message's [`Message::turn`]: the host derived it once before the chain.
-//! - Report what you did as [`Event`]s; log through [`Context::log`] (your plugin has its
+//! - Report what you did as [`Event`]s (`Event::of(kind, reason)`: the host fills in the
+//!   turn); a plugin that rewrites text reports [`EventKind::MessageChanged`]. Log through [`Context::log`] (your plugin has its
 //!   own copy of `std` and `tracing`, so only this callback reaches the host's log).
 //! - Count tokens with [`Context::tokens`]: the host's real tokenizers, cached per message.
 //! - Ask the host for a summary with [`Context::summarize`] (no network or provider SDK in
 //!   a plugin); it may answer `Err` (no summarizer configured, a failed call, an older
 //!   host), so always have a fallback.
+//! - Rewrite text with [`Message::map_text`] (and [`Content::map_text`]): it reaches every
+//!   place a message carries text — content, tool-call arguments, the original kept for
+//!   expansion, members the types do not model — so a redactor leaks nothing through a
+//!   place it forgot (docs/abi.md#where-text-lives lists them).
 //! - Test against the host's own output check: [`testing::process`] runs `process` and
 //!   then [`check`] (the code the host runs between stages), so an output the host would
 //!   refuse fails your `cargo test` with the host's message.
@@ -105,7 +110,16 @@
 //!   (after `on_model_switch`) **with a default body** — that body is what the host runs
 //!   for a plugin whose vtable predates the method —, the same method with a default on
 //!   [`HistoryPlugin`], and its forwarding in the export glue (`Guarded`).
-//! - Nothing else. A field anywhere else, an enum variant, a changed signature or a moved
+//! - **An event kind**: a variant appended at the end of [`EventKind`], with a doc line
+//!   naming the release that added it, and its name in [`EventKind::as_str`] and
+//!   [`EventKind::ALL`]. Event kinds only flow out of plugins, so a plugin built before
+//!   the variant, whose copy of the enum is shorter, can only send kinds the host knows;
+//!   the host accepts exactly that difference for the enums it lists as outbound
+//!   (`OUTBOUND_ENUMS` in the engine's `compat`: `EventKind` only). `message-changed` and
+//!   `message-summarized` were added in 0.2.2.
+//! - Nothing else. A field anywhere else, a variant of any other enum (one the host hands
+//!   to plugins, like [`Tokenizer`] or [`Role`], would reach a plugin that cannot read
+//!   it), a variant inserted, reordered or removed, a changed signature or a moved
 //!   `last_prefix_field` changes the layout: that is a new 0.y (bump the minor), which
 //!   refuses every plugin built before it.
 //! - The root module ([`PluginMod`]) is frozen, even at its end: a host whose root module
@@ -126,7 +140,8 @@
 //! opposite of what a host needs for plugins built before it gained a service or an entry
 //! point. So the host's loader compares versions by the rule above, then runs abi_stable's
 //! layout check, accepting a plugin whose only differences are prefix types (below the root
-//! module) of which its copy lacks trailing fields — checked once more the other way round,
+//! module) of which its copy lacks trailing fields, and outbound enums ([`EventKind`]) of
+//! which its copy lacks trailing variants — checked once more the other way round,
 //! the plugin's layout against the host's — and takes the root module without abi_stable's
 //! repeated check. Reading past what an instance has is never possible: a prefix-type
 //! accessor checks at run time how many fields the instance it reads was built with.
@@ -144,6 +159,7 @@ pub mod naming;
 pub mod plugin;
 pub mod structure;
 pub mod testing;
+pub mod text;
 pub mod wire;
 
 pub use abi_stable::std_types::{RArc, ROption, RResult, RSlice, RStr, RString, RVec};

@@ -1,6 +1,7 @@
 //! Helpers for a plugin's own unit tests, without a host: a history numbered as the host
 //! numbers it ([`history`]), the host's own output check ([`check`], [`process`]) and a
-//! [`Context`] and a [`LoadContext`] with sensible values.
+//! [`Context`] built from named settings ([`settings`]) and a [`LoadContext`] with
+//! sensible values.
 //!
 //! ```
 //! use plugin_api::{testing, HistoryPlugin, LoadContext, ConfigError, Context, Message, Output, RArc};
@@ -15,7 +16,8 @@
 //! let history = testing::history(r#"[{"role":"user","content":"hi"}]"#);
 //! let plugin = Mine::new(&testing::load_context("{}")).unwrap();
 //! // Err (with the host's own words) for an output the host would refuse.
-//! let output = testing::process(&plugin, &history, &testing::context(200, 1)).unwrap();
+//! let ctx = testing::settings().effective_ctx(200).turn(1).context();
+//! let output = testing::process(&plugin, &history, &ctx).unwrap();
 //! ```
 //! Their services count every tokenizer as `chars4`
 //! (the real encodings live in the host), drop log lines and have no summarizer (so
@@ -122,17 +124,93 @@ pub fn model(effective_ctx: u64) -> ModelInfo {
     }
 }
 
-/// A stateless call's context at `turn` with a window of `effective_ctx` messages.
+/// A stateless call's context at `turn` with a window of `effective_ctx` messages (the
+/// shorthand of [`settings`]).
 pub fn context(effective_ctx: u64, turn: u64) -> Context {
-    Context {
-        session_id: ROption::RNone,
-        model: model(effective_ctx),
-        agent_max_ctx: effective_ctx,
-        effective_ctx,
-        turn,
-        last_active: ROption::RNone,
-        expiration_override: ROption::RNone,
-        services: SERVICES,
+    settings().effective_ctx(effective_ctx).turn(turn).context()
+}
+
+/// A test context built from named settings, each with a default: window 200 messages,
+/// model `test`, turn 1, `chars4` counting.
+///
+/// ```
+/// use plugin_api::{testing, Tokenizer};
+/// let ctx = testing::settings().effective_ctx(16).turn(3).model("small").tokenizer(Tokenizer::O200kBase).context();
+/// assert_eq!((ctx.effective_ctx, ctx.turn, ctx.model.name.as_str()), (16, 3, "small"));
+/// ```
+pub fn settings() -> ContextSettings {
+    ContextSettings {
+        effective_ctx: 200,
+        agent_max_ctx: None,
+        model: "test".into(),
+        tokenizer: Tokenizer::Chars4,
+        context_tokens: 128_000,
+        turn: 1,
+    }
+}
+
+/// The settings of a test [`Context`]; see [`settings`]. (The test services count every
+/// tokenizer as `chars4`: the tokenizer set here is the one a plugin reads from the model.)
+#[derive(Debug, Clone)]
+pub struct ContextSettings {
+    effective_ctx: u64,
+    agent_max_ctx: Option<u64>,
+    model: String,
+    tokenizer: Tokenizer,
+    context_tokens: u64,
+    turn: u64,
+}
+
+impl ContextSettings {
+    /// The window in messages (the model's `max_context` too, unless `agent_max_ctx` is set).
+    pub fn effective_ctx(mut self, messages: u64) -> Self {
+        self.effective_ctx = messages;
+        self
+    }
+    /// The agent-wide ceiling (defaults to the window).
+    pub fn agent_max_ctx(mut self, messages: u64) -> Self {
+        self.agent_max_ctx = Some(messages);
+        self
+    }
+    /// The model's name.
+    pub fn model(mut self, name: &str) -> Self {
+        self.model = name.to_string();
+        self
+    }
+    /// The model's tokenizer.
+    pub fn tokenizer(mut self, tokenizer: Tokenizer) -> Self {
+        self.tokenizer = tokenizer;
+        self
+    }
+    /// The model's context in tokens.
+    pub fn context_tokens(mut self, tokens: u64) -> Self {
+        self.context_tokens = tokens;
+        self
+    }
+    /// The current turn.
+    pub fn turn(mut self, turn: u64) -> Self {
+        self.turn = turn;
+        self
+    }
+    /// The context of a stateless call with these settings.
+    pub fn context(self) -> Context {
+        let agent_max_ctx = self.agent_max_ctx.unwrap_or(self.effective_ctx);
+        Context {
+            session_id: ROption::RNone,
+            model: ModelInfo {
+                name: self.model.into(),
+                max_context: self.effective_ctx,
+                context_tokens: self.context_tokens,
+                tokenizer: self.tokenizer,
+                effective_ctx: self.effective_ctx,
+            },
+            agent_max_ctx,
+            effective_ctx: self.effective_ctx,
+            turn: self.turn,
+            last_active: ROption::RNone,
+            expiration_override: ROption::RNone,
+            services: SERVICES,
+        }
     }
 }
 
@@ -231,6 +309,26 @@ mod tests {
         assert!(check(&unnumbered, &unnumbered)
             .unwrap_err()
             .contains("testing::history"));
+    }
+
+    #[test]
+    fn named_settings_make_the_context_they_name() {
+        let ctx = settings()
+            .effective_ctx(16)
+            .agent_max_ctx(40)
+            .model("small")
+            .tokenizer(Tokenizer::Cl100kBase)
+            .turn(7)
+            .context();
+        assert_eq!((ctx.effective_ctx, ctx.agent_max_ctx, ctx.turn), (16, 40, 7));
+        assert_eq!(ctx.model.name.as_str(), "small");
+        assert_eq!(ctx.model.tokenizer, Tokenizer::Cl100kBase);
+        let short = super::context(10, 2);
+        assert_eq!(
+            (short.effective_ctx, short.agent_max_ctx, short.turn),
+            (10, 10, 2)
+        );
+        assert_eq!(short.model.name.as_str(), "test");
     }
 
     #[test]

@@ -199,7 +199,7 @@ fn is_usual_function(function: &Map<String, Value>) -> bool {
 /// name is counted like non-string arguments, so nothing a call carries escapes the
 /// token count), a missing or null one as nothing; and whether the arguments are JSON
 /// text. A `function` that is not an object has neither.
-fn measured_function(function: &Value) -> (RString, RString, bool) {
+pub(crate) fn measured_function(function: &Value) -> (RString, RString, bool) {
     let Value::Object(function) = function else {
         return (RString::new(), RString::new(), false);
     };

@@ -171,7 +171,8 @@ mod tests {
         let plugin = __TYPE__::new(&testing::load_context("{}")).unwrap();
         // The host's own output check: an invented, duplicated, role-changed message or a
         // tool call cut from its result fails here with the message the host would give.
-        let output = testing::process(&plugin, &history, &testing::context(200, 1)).unwrap();
+        let ctx = testing::settings().effective_ctx(200).turn(1).context();
+        let output = testing::process(&plugin, &history, &ctx).unwrap();
         assert_eq!(output.history.len(), 3);
         for (out, input) in output.history.iter().zip(&history) {
             assert!(std::ptr::eq(&**out, &**input), "a passed-through message is shared, not copied");

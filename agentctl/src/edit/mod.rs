@@ -16,6 +16,7 @@
 
 mod array;
 mod layout;
+mod plugin_table;
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +54,25 @@ pub enum Edit {
     Require { name: String },
     /// Remove `name` from `[history] required`.
     Unrequire { name: String },
+    /// Set `key` of `[plugin.NAME]` to `value` (TOML, or else a string), validated by
+    /// the plugin's own `new` before anything is written.
+    PluginSet {
+        name: String,
+        key: String,
+        value: String,
+    },
+    /// Remove `key` from `[plugin.NAME]` (the plugin's default applies again).
+    PluginUnset { name: String, key: String },
+}
+
+impl Edit {
+    /// The plugin whose own table the edit changes, if any.
+    fn plugin_table(&self) -> Option<&str> {
+        match self {
+            Edit::PluginSet { name, .. } | Edit::PluginUnset { name, .. } => Some(name),
+            _ => None,
+        }
+    }
 }
 
 /// A refused edit: one line saying what and why. The file is untouched.
@@ -109,7 +129,7 @@ pub fn run(
     let config = Config::parse(file, source.clone()).map_err(|err| Refused(err.to_string()))?;
     let mut catalog =
         Catalog::discover(&config.plugin_dir).map_err(|err| Refused(format!("{}: {err}", file.display())))?;
-    if let Some(prober) = prober {
+    if let Some(prober) = prober.clone() {
         catalog = catalog.probed(prober);
     }
     let planned = apply(file, &source, edit, Some(&catalog))?;
@@ -119,6 +139,9 @@ pub fn run(
             summary: planned.summary,
             written: false,
         });
+    }
+    if let (Some(name), Some(prober)) = (edit.plugin_table(), &prober) {
+        plugin_table::probe(file, &planned.text, name, &catalog, prober)?;
     }
     if let Err(refused) = validate(file, &planned.text, &catalog) {
         // Say so when the file was broken before the edit and the edit does not fix it.
@@ -292,6 +315,19 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
                 after.push(name.clone());
             }
             format!("required: {}", after.join(", "))
+        }
+        Edit::PluginSet { name, key, value } => {
+            check_name(name)?;
+            plugin_table::check_key(key)?;
+            if let Some(catalog) = catalog {
+                check_available(name, &config, catalog)?;
+            }
+            plugin_table::set(&mut document, name, key, plugin_table::parse_value(value))?
+        }
+        Edit::PluginUnset { name, key } => {
+            check_name(name)?;
+            plugin_table::check_key(key)?;
+            plugin_table::unset(&mut document, name, key)?
         }
         Edit::Unrequire { name } => {
             check_name(name)?;

@@ -189,10 +189,25 @@ impl HistoryPlugin for ToolResultFilter {
             .iter()
             .filter(|m| m.role == plugin_api::Role::Tool && m.meta().is_some_and(|meta| meta.omitted()))
             .count();
+        // An empty result is never replaced (there is nothing to save), and is not "kept"
+        // either: it is counted on its own.
+        let empty = history
+            .iter()
+            .filter(|m| {
+                m.role == plugin_api::Role::Tool
+                    && m.content.char_count() == 0
+                    && !m.meta().is_some_and(|meta| meta.omitted())
+            })
+            .count();
         let log_line = |replaced: usize| {
+            let empty_part = if empty > 0 {
+                format!(", {empty} empty")
+            } else {
+                String::new()
+            };
             ctx.log().info(&format!(
-                "tool results: {tool_total} total, {} kept, {replaced} replaced with placeholders",
-                tool_total - replaced
+                "tool results: {tool_total} total, {} kept, {replaced} replaced with placeholders{empty_part}",
+                tool_total.saturating_sub(replaced + empty)
             ));
         };
 

@@ -4,20 +4,18 @@
 //! then running in `history-host process`; an interrupted write; the JSON outputs.
 //!
 //! The chain edits need plugins besides `default`: two fixture plugins are scaffolded with
-//! `cargo xtask new-plugin` and built once per run into `target/fixture-build`, then
-//! installed with a copy of the real `default` in `target/agentctl-fixtures/plugins`.
+//! `xtask new-plugin` and built once per run into the fixtures' target folder
+//! (`target/fixtures`, where the other fixture plugins' dependencies are already built),
+//! then installed with a copy of the real `default` in `target/agentctl-fixtures/plugins`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use e2e_tests::fixtures::{cargo_in_fixture_target, fixture_target};
 use e2e_tests::{agentctl, describe, json, plugin_dir, target_dir, workspace_root};
 
 use history_engine::library_file_name as library_file;
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-}
 
 fn run_ok(command: &mut Command) {
     let output = command.output().unwrap();
@@ -26,7 +24,7 @@ fn run_ok(command: &mut Command) {
 
 /// Where the fixture plugins are built.
 fn fixture_build() -> PathBuf {
-    target_dir().join("fixture-build").join("debug")
+    fixture_target().join("debug")
 }
 
 /// A plugin folder with `default`, `fixture_a` and `fixture_b` (scaffolded plugins that
@@ -47,10 +45,13 @@ fn fixture_plugins() -> &'static Path {
         for name in ["fixture_a", "fixture_b", "fixture_fault"] {
             let source = root.join("src").join(name);
             let _ = std::fs::remove_dir_all(&source);
+            // The built xtask itself: no cargo run, no wait on the main target folder.
+            let xtask = target_dir()
+                .join("debug")
+                .join(format!("xtask{}", std::env::consts::EXE_SUFFIX));
             run_ok(
-                cargo()
-                    .current_dir(workspace_root())
-                    .args(["xtask", "new-plugin", name, "--dir"])
+                Command::new(xtask)
+                    .args(["new-plugin", name, "--dir"])
                     .arg(&source),
             );
             if name == "fixture_fault" {
@@ -65,15 +66,8 @@ fn fixture_plugins() -> &'static Path {
                 let failing = "Err(format!(\"fixture_fault refuses {} messages\", history.len()))";
                 std::fs::write(&lib, code.replace(passthrough, failing)).unwrap();
             }
-            // The workspace's lock file: the same dependency versions, no resolution.
-            std::fs::copy(workspace_root().join("Cargo.lock"), source.join("Cargo.lock")).unwrap();
-            run_ok(
-                cargo()
-                    .args(["build", "--quiet", "--manifest-path"])
-                    .arg(source.join("Cargo.toml"))
-                    .arg("--target-dir")
-                    .arg(target_dir().join("fixture-build")),
-            );
+            // With the workspace's lock file: the same dependency versions, no resolution.
+            cargo_in_fixture_target(&source.join("Cargo.toml"), &["build", "--quiet"]);
             if name != "fixture_fault" {
                 std::fs::copy(
                     fixture_build().join(library_file(name)),
@@ -803,15 +797,28 @@ fn check_reports_a_plugin_that_faults_on_the_sample() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("  fixture_fault  6 -> 6 messages  FAULT: fixture_fault refuses 6 messages"),
+        stdout.contains("  fixture_fault  6 -> 6 messages  FAULT (see the problem below)"),
         "{stdout}"
     );
-    assert!(stdout.contains("check: FAILED (2 problem(s))"), "{stdout}");
+    // The same fault on both models: printed once, naming both.
+    assert_eq!(
+        stdout.matches("fixture_fault refuses 6 messages").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "problem: plugin \"fixture_fault\" faulted on the sample history (models local-8k, default): \
+             fixture_fault refuses 6 messages"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("check: FAILED (1 problem(s))"), "{stdout}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains(
-            "check failed: plugin \"fixture_fault\" faulted on the sample history (model local-8k)"
+            "check failed: plugin \"fixture_fault\" faulted on the sample history (models local-8k, default)"
         ),
         "{stderr}"
     );

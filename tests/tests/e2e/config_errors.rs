@@ -88,3 +88,27 @@ fn a_table_for_no_available_plugin_is_a_warning() {
     assert!(output.status.success(), "{}", describe(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("[plugin.someday] names no available plugin"));
 }
+
+#[test]
+fn a_refused_entry_of_an_array_value_points_at_its_line() {
+    let dir = e2e_tests::fixtures::plugin_dir_with(&[&e2e_tests::fixtures::fixture_library("redactor")]);
+    let body = |also: &str| {
+        format!(
+            "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"redactor\"]\n\n[plugin.redactor]\nalso = {also}\n",
+            dir.path().display().to_string()
+        )
+    };
+    // One entry per line: the entry's own line (8); on one line: the key's (6).
+    let line = refused(&body("[\n  \"TOKEN\",\n  \"\",\n]"));
+    assert!(
+        line.contains(
+            "plugins-enabled.toml:8: [plugin.redactor] also[1]: an empty secret would match everywhere"
+        ),
+        "{line}"
+    );
+    let line = refused(&body("[\"TOKEN\", \"\"]"));
+    assert!(
+        line.contains("plugins-enabled.toml:6: [plugin.redactor] also[1]"),
+        "{line}"
+    );
+}

@@ -254,3 +254,37 @@ fn history_host_expand_restores_a_message_that_stays_expanded() {
     );
     assert!(refused.stdout.is_empty());
 }
+
+/// `--explain` names the pinned messages as not counted against `effective_ctx` (by
+/// `default`'s own pins) and says what an event's index counts.
+#[test]
+fn explain_marks_pinned_messages_and_what_indices_count() {
+    let history = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
+        {"role":"assistant","content":"a"},{"role":"user","content":"more"},{"role":"assistant","content":"b"}]"#;
+    let both = config("[\"default\"]", "");
+    let output = both.process(&["--model", "c4", "--explain"], history);
+    assert!(output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("effective_ctx 200 (unpinned messages)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("  pinned: messages 0, 1 (kept, and not counted against effective_ctx)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("is a position in the input of the plugin on that line"),
+        "{stderr}"
+    );
+    // The operator turned the task's pin off: only the system message is pinned.
+    let system_only = TestConfig::new(
+        "[history]\nchain = [\"default\"]\n[models.c4]\ntokenizer = \"chars4\"\n[plugin.default]\npin_first_user = false\n",
+    );
+    let output = system_only.process(&["--model", "c4", "--explain"], history);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("  pinned: message 0 (kept, and not counted against effective_ctx)"),
+        "{stderr}"
+    );
+}

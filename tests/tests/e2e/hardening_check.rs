@@ -179,7 +179,13 @@ fn agentctl_check_reports_an_empty_result_as_a_fault() {
     assert!(
         stdout
             .lines()
-            .any(|l| l.contains("emptier") && l.contains("FAULT") && l.contains("empty")),
+            .any(|l| l.contains("emptier") && l.contains("FAULT")),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("problem: plugin \"emptier\"") && l.contains("empty")),
         "{stdout}"
     );
     assert!(!stdout.trim_end().ends_with("check: ok"), "{stdout}");

@@ -81,6 +81,11 @@ fn a_plugin_built_against_the_previous_release_loads_and_uses_its_services() {
         refused.to_string().contains("HostServices"),
         "abi_stable refuses it for the services"
     );
+    // And for the event kinds: the snapshot predates message-changed and message-summarized.
+    assert!(
+        refused.to_string().contains("EventKind"),
+        "abi_stable refuses it for the event kinds"
+    );
     assert!(history_engine::compat::check_layout(host_layout, plugin_layout).is_ok());
 
     // Old and current plugins in one chain.

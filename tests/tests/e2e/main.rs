@@ -7,6 +7,7 @@
 mod common;
 
 mod agentctl;
+mod agentctl_plugins;
 mod bad_input;
 mod config_errors;
 mod deadline;
@@ -26,6 +27,7 @@ mod properties;
 mod proxy;
 mod relevance;
 mod retention;
+mod rewriting;
 mod role_pair;
 mod scaffold;
 mod sessions_chat;

@@ -372,6 +372,22 @@ fn the_binary_logs_one_line_and_explains_the_events() {
 }
 
 #[test]
+fn the_log_line_does_not_count_empty_results_as_kept() {
+    let mut history = agent_history(6);
+    // Results 0 and 5 came back empty: nothing to replace, and nothing kept either.
+    history[2]["content"] = j!("");
+    history[12]["content"] = Value::Null;
+    let output = config("keep = 2").process(&["--model", "c4"], &history.to_string());
+    assert!(output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // 6 results: of the 4 with content the newest 2 are kept and 2 replaced; 2 are empty.
+    assert!(
+        stderr.contains("tool results: 6 total, 2 kept, 2 replaced with placeholders, 2 empty"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn properties_on_generated_histories() {
     crate::common::check_properties(
         "tool_result_filter",
