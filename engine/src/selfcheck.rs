@@ -318,24 +318,40 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
             return report;
         }
     };
-    // Every stage runs, so every fault is reported, whatever `on_plugin_error` and
-    // `required` say.
-    chain.on_error = OnPluginError::Skip;
-    chain.required.clear();
+    let (runs, problems) = sample_runs(&mut chain, &config);
+    report.runs = runs;
+    report.problems.extend(problems);
+    report
+}
+
+/// Runs `chain` on [`SAMPLE_HISTORY`] once per model (every listed model and `default`):
+/// the runs, and every fault as a problem line. Every stage runs, so every fault is
+/// reported, whatever `on_plugin_error` and `required` say; the chain's own settings are
+/// put back after. `check` reports these; a reload refuses a chain with a problem.
+pub fn sample_runs(chain: &mut Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
+    let on_error = std::mem::replace(&mut chain.on_error, OnPluginError::Skip);
+    let required = std::mem::take(&mut chain.required);
+    let result = run_samples(chain, config);
+    chain.on_error = on_error;
+    chain.required = required;
+    result
+}
+
+fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
+    let mut runs = Vec::new();
+    let mut problems = Vec::new();
     for model in config.models_for_validation() {
         let history = match plugin_api::wire::history_from_str(SAMPLE_HISTORY) {
             Ok(history) => history,
             Err(err) => {
-                report
-                    .problems
-                    .push(format!("the built-in sample history is invalid: {err}"));
-                return report;
+                problems.push(format!("the built-in sample history is invalid: {err}"));
+                break;
             }
         };
         let turn = turns::current_turn(&history, None);
         let name = model.name.to_string();
         let effective_ctx = model.effective_ctx;
-        let ctx = stateless_context(&config, model, turn);
+        let ctx = stateless_context(config, model, turn);
         let messages_in = history.len();
         match chain.run(history, &ctx, Call::Process) {
             Ok(run) => {
@@ -353,14 +369,14 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                     .collect();
                 for stage in &stages {
                     if let Some(fault) = &stage.fault {
-                        report.problems.push(format!(
+                        problems.push(format!(
                             "plugin \"{}\" faulted on the sample history (model {}): {fault}",
                             stage.plugin,
                             plugin_api::echo::bare(&name)
                         ));
                     }
                 }
-                report.runs.push(SampleRun {
+                runs.push(SampleRun {
                     model: name,
                     effective_ctx,
                     messages_in,
@@ -368,12 +384,10 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                     stages,
                 });
             }
-            Err(failure) => report
-                .problems
-                .push(format!("model {}: {failure}", plugin_api::echo::bare(&name))),
+            Err(failure) => problems.push(format!("model {}: {failure}", plugin_api::echo::bare(&name))),
         }
     }
-    report
+    (runs, problems)
 }
 
 #[cfg(test)]
