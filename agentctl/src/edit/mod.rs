@@ -10,15 +10,17 @@
 //! Every edit is validated before anything is written, by the rules the host applies at
 //! load: the edited text is re-parsed by [`Config::parse`], the chain's plugins must be
 //! in the [`Catalog`], and [`Chain::load`] instantiates the chain so every plugin validates
-//! its own table (only the libraries the configuration names are mapped, each loaded in a
-//! child process first when [`run`] is given a prober). Then [`crate::write`] replaces the
+//! its own table (only the libraries the configuration names are mapped, each loaded as
+//! [`Loading`] says: in a child process first, or from a host's shadow copies). Then [`crate::write`] replaces the
 //! file atomically. A refusal or a crash never leaves a changed or half-written file.
 
 mod array;
 mod layout;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use history_engine::shadow::ShadowLibraries;
 use history_engine::{Catalog, Chain, Config, Prober, Unavailable};
 use plugin_api::naming::is_plugin_name;
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
@@ -87,17 +89,21 @@ pub struct Outcome {
     pub written: bool,
 }
 
-/// Reads `file`, applies `edit`, validates the result as the host would load it, and
-/// writes it atomically ([`write_atomic`]; `before_rename` runs just before the rename, see
-/// there). Any refusal leaves the file as it was. With a `prober`, every library the
-/// validation maps is first loaded in a child process, so one that crashes while it loads
-/// is a refusal, not the end of the caller.
-pub fn run(
-    file: &Path,
-    edit: &Edit,
-    prober: Option<Prober>,
-    before_rename: &dyn Fn(),
-) -> Result<Outcome, Refused> {
+/// How an edit's validation loads the libraries it maps.
+pub enum Loading {
+    /// Each first in a child process run by the prober, so one that crashes while it
+    /// loads is a refusal, not the end of the caller (the `agentctl` binary).
+    Probed(Prober),
+    /// From the shadow copies of a host that reloads its chain, which never maps a file of
+    /// `plugin_dir` itself (a runtime command of `serve`, docs/chain.md#hot-reload).
+    Shadowed(Arc<ShadowLibraries>),
+}
+
+/// Reads `file`, applies `edit`, validates the result as the host would load it (the
+/// libraries loaded as `loading` says), and writes it atomically ([`write_atomic`];
+/// `before_rename` runs just before the rename, see there). Any refusal leaves the file
+/// as it was.
+pub fn run(file: &Path, edit: &Edit, loading: Loading, before_rename: &dyn Fn()) -> Result<Outcome, Refused> {
     // One agentctl edits a file at a time: no edit is lost to another's read-modify-write.
     let _lock = EditLock::acquire(file)?;
     let source = std::fs::read_to_string(file).map_err(|err| {
@@ -107,11 +113,12 @@ pub fn run(
         ))
     })?;
     let config = Config::parse(file, source.clone()).map_err(|err| Refused(err.to_string()))?;
-    let mut catalog =
+    let catalog =
         Catalog::discover(&config.plugin_dir).map_err(|err| Refused(format!("{}: {err}", file.display())))?;
-    if let Some(prober) = prober {
-        catalog = catalog.probed(prober);
-    }
+    let catalog = match loading {
+        Loading::Probed(prober) => catalog.probed(prober),
+        Loading::Shadowed(libraries) => catalog.shadowed(libraries),
+    };
     let planned = apply(file, &source, edit, Some(&catalog))?;
     if planned.text == source {
         return Ok(Outcome {

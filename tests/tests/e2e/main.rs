@@ -25,6 +25,7 @@ mod process_cli;
 mod properties;
 mod proxy;
 mod relevance;
+mod reload;
 mod retention;
 mod role_pair;
 mod scaffold;
