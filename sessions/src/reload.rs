@@ -139,7 +139,7 @@ impl Service {
     /// Loads the configuration and chain beside the running ones and swaps them in, or
     /// refuses them (one error line) and keeps the running ones. Blocks: the chain loads
     /// and runs on the sample here, and the swap waits for running operations.
-    pub fn reload(&self) {
+    pub(crate) fn reload(&self) {
         let running = self.config();
         let now = match std::fs::read_to_string(&self.config_file) {
             Ok(text) => {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e_tests::fixtures::{fixture_library, plugin_dir_with_installed};
+use e2e_tests::fixtures::{fixture_library, plugin_dir_with, plugin_dir_with_installed};
 use e2e_tests::server::{agent, request, Server};
 use e2e_tests::{agentctl, describe, TestConfig};
 use history_engine::library_file_name;
@@ -295,6 +295,15 @@ fn serve_reloads_a_rebuilt_library_and_config_edits_and_refuses_a_broken_edit_wh
         ["default@0.1.0", "tagger@2.0.0", "dedupe@0.1.0", "role_pair@0.1.0"]
     );
     assert_eq!(reloads(&server, "failed"), 1.0, "{}", server.stderr());
+    assert_eq!(
+        shadow_copies(plugins.path(), &tagger).len(),
+        2,
+        "reloads of an unchanged library reuse the one loaded: no new copy"
+    );
+    assert_eq!(
+        shadow_copies(plugins.path(), &library_file_name("dedupe")).len(),
+        1
+    );
     clients_move_on(&clients, "after the fix");
 
     stop.store(true, Ordering::SeqCst);
@@ -312,5 +321,59 @@ fn serve_reloads_a_rebuilt_library_and_config_edits_and_refuses_a_broken_edit_wh
             log.builds
         );
     }
+    assert!(server.stop().success());
+}
+
+#[test]
+fn a_reload_ends_a_quarantine_and_a_chain_that_hangs_on_the_sample_is_refused() {
+    let plugins = plugin_dir_with(&[&fixture_library("sleeper")]);
+    // `sleeper` never returns without `ms`; the deadline quarantines it.
+    let body = format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"sleeper\"]\non_plugin_error = \"skip\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n",
+        plugins.path().display().to_string()
+    );
+    let config = TestConfig::new(&body);
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    let id = server.create("default");
+    let turn = |text: &str| {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &j!({"messages": [{"role": "user", "content": text}]}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.body["stats"][1].clone()
+    };
+    assert_eq!(turn("first")["quarantined"], true);
+    let health = server.get("/healthz");
+    assert_eq!(health.status, 503, "{health:?}");
+
+    // The same plugin still hanging: the new chain hangs on the sample and is refused.
+    std::fs::write(&config.path, format!("{body}\n# touched\n")).unwrap();
+    wait_until("the hanging chain is refused", || {
+        reloads(&server, "failed") == 1.0
+    });
+    let reason = server
+        .get("/healthz")
+        .body
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.contains("chain reload failed")
+            && reason.contains("plugin \"sleeper\" faulted on the sample history"),
+        "{reason}"
+    );
+    assert_eq!(turn("second")["quarantined"], true, "the old chain serves");
+
+    // Fixed: the new chain serves, with no plugin quarantined.
+    std::fs::write(&config.path, format!("{body}[plugin.sleeper]\nms = 5\n")).unwrap();
+    wait_until("the fix is reloaded", || reloads(&server, "ok") == 1.0);
+    let health = server.get("/healthz");
+    assert_eq!(health.status, 200, "{health:?}");
+    let stage = turn("third");
+    assert_eq!(
+        (&stage["plugin"], &stage["quarantined"], &stage["skipped"]),
+        (&j!("sleeper"), &j!(false), &Value::Null)
+    );
     assert!(server.stop().success());
 }
