@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with, plugin_dir_with_installed};
 use e2e_tests::server::{agent, request, Server};
 use e2e_tests::{agentctl, describe, TestConfig};
-use history_engine::library_file_name;
+use history_engine::shadow::ShadowLibraries;
+use history_engine::{library_file_name, Catalog};
 use prometheus_parse::{Scrape, Value as Metric};
 use serde_json::{json as j, Value};
 
@@ -376,4 +377,61 @@ fn a_reload_ends_a_quarantine_and_a_chain_that_hangs_on_the_sample_is_refused() 
         (&j!("sleeper"), &j!(false), &Value::Null)
     );
     assert!(server.stop().success());
+}
+
+#[test]
+fn shadow_copies_load_each_content_once_and_a_rebuild_as_new_code() {
+    let (one, two) = (fixture_library("tagger_one"), fixture_library("tagger_two"));
+    let plugins = plugin_dir_with(&[]);
+    let installed = plugins.path().join(library_file_name("tagger"));
+    std::fs::copy(&one, &installed).unwrap();
+    let libraries = Arc::new(ShadowLibraries::new());
+    let load = || {
+        let catalog = Catalog::discover(plugins.path())
+            .unwrap()
+            .shadowed(libraries.clone());
+        let library = catalog.library("tagger").unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(library.path, installed, "named by its file in plugin_dir");
+        library.version.clone()
+    };
+    let copies = || shadow_copies(plugins.path(), &library_file_name("tagger")).len();
+    assert_eq!(load(), "1.0.0");
+    assert_eq!(load(), "1.0.0");
+    assert_eq!(
+        (libraries.hashes().len(), copies()),
+        (1, 1),
+        "the same content loads once"
+    );
+
+    std::fs::copy(&two, &installed).unwrap();
+    assert_eq!(load(), "2.0.0", "the rebuilt file is new code");
+    assert_eq!((libraries.hashes().len(), copies()), (2, 2));
+    std::fs::copy(&one, &installed).unwrap();
+    assert_eq!(
+        load(),
+        "1.0.0",
+        "back to the first build: the library already loaded"
+    );
+    assert_eq!((libraries.hashes().len(), copies()), (2, 2));
+
+    // Only the copies are mapped, never the file a rebuild overwrites.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let installed_text = installed.display().to_string();
+    assert!(
+        !maps.lines().any(|l| l.ends_with(&installed_text)),
+        "{installed_text} is mapped"
+    );
+    let shadow = plugins.path().join(".shadow").display().to_string();
+    assert_eq!(
+        maps.lines()
+            .filter(|l| l.contains(&shadow) && l.contains(" r-xp "))
+            .count(),
+        2,
+        "each build's copy mapped once:\n{maps}"
+    );
+
+    // In use by this process: no cleanup removes them, this process's or another's.
+    assert!(libraries.remove_unused(plugins.path()).is_empty());
+    assert!(ShadowLibraries::new().remove_unused(plugins.path()).is_empty());
+    assert_eq!(copies(), 2);
 }
