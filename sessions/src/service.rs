@@ -924,21 +924,18 @@ impl Service {
     }
 
     /// Writes a host-wide setting to the configuration file as agentctl does (its
-    /// validation loading the libraries from this host's shadow copies). The new file is
-    /// remembered as the running configuration's when the old one was, so hot reload
-    /// does not reload for this host's own write (docs/chain.md#hot-reload).
+    /// validation loading the libraries from this host's shadow copies). The file written
+    /// is remembered as the running configuration's when the file it edited was, so hot
+    /// reload does not reload for this host's own write (docs/chain.md#hot-reload).
     async fn edit_config(self: &Arc<Self>, edit: Edit) -> Result<(), SessionError> {
         let service = self.clone();
         let outcome = tokio::task::spawn_blocking(move || {
-            let file = &service.config_file;
-            let hash = || std::fs::read_to_string(file).map(|text| config_hash(&text)).ok();
-            let before = hash();
             let loading = agentctl::edit::Loading::Shadowed(service.libraries.clone());
-            let outcome = agentctl::edit::run(file, &edit, loading, &|| {});
-            if let (Some(before), Some(after)) = (before, hash()) {
-                service.lock_reload().own_write(&before, &after);
-            }
-            outcome
+            let outcome = agentctl::edit::run(&service.config_file, &edit, loading, &|| {})?;
+            service
+                .lock_reload()
+                .own_write(&config_hash(&outcome.before), &config_hash(&outcome.after));
+            Ok::<_, agentctl::edit::Refused>(outcome)
         })
         .await
         .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?

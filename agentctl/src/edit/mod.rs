@@ -87,6 +87,10 @@ pub struct Outcome {
     pub summary: String,
     /// False when the edit asked for what the file already says: nothing was written.
     pub written: bool,
+    /// The file's text the edit read, under the edit lock.
+    pub before: String,
+    /// The file's text after the edit (`before` when nothing was written).
+    pub after: String,
 }
 
 /// How an edit's validation loads the libraries it maps.
@@ -125,6 +129,8 @@ pub fn run(file: &Path, edit: &Edit, loading: Loading, before_rename: &dyn Fn())
             file: file.to_path_buf(),
             summary: planned.summary,
             written: false,
+            after: source.clone(),
+            before: source,
         });
     }
     if let Err(refused) = validate(file, &planned.text, &catalog) {
@@ -142,6 +148,8 @@ pub fn run(file: &Path, edit: &Edit, loading: Loading, before_rename: &dyn Fn())
         file: file.to_path_buf(),
         summary: planned.summary,
         written: true,
+        before: source,
+        after: planned.text,
     })
 }
 
