@@ -97,10 +97,17 @@ impl ShadowLibraries {
         let plugin_dir = file.path.parent().unwrap_or(Path::new("."));
         let file_name = file.path.file_name().unwrap_or_default();
         let copy = shadow_path(plugin_dir, &hash, file_name);
+        // A host that reloads loads only copies: plugin_dir must be writable for it.
+        let cannot = |what: &str, e: std::io::Error| {
+            refuse(format!(
+                "cannot {what} {} ({e}): a host that reloads loads each library from a copy in {}, so plugin_dir must be writable",
+                copy.display(),
+                plugin_dir.join(SHADOW_DIR).display()
+            ))
+        };
         let in_use = claim(copy.parent().expect("a shadow path has a folder"))
-            .map_err(|e| refuse(format!("cannot lock its shadow folder: {e}")))?;
-        write_copy(&copy, &bytes, &hash)
-            .map_err(|e| refuse(format!("cannot write its shadow copy {}: {e}", copy.display())))?;
+            .map_err(|e| cannot("lock the folder of its shadow copy", e))?;
+        write_copy(&copy, &bytes, &hash).map_err(|e| cannot("write its shadow copy", e))?;
         let library = PluginLibrary::load_as(&file.path, &copy)?;
         tracing::debug!("plugin \"{}\" loaded from {}", library.name, copy.display());
         loaded.insert(
