@@ -306,8 +306,8 @@ fn run_edit(
     json: bool,
     fault_hook: &dyn Fn(),
 ) -> Result<bool, Failure> {
-    let outcome =
-        edit::run(file, &edit, Some(prober()?), fault_hook).map_err(|refusal| refused(refusal.0))?;
+    let outcome = edit::run(file, &edit, edit::Loading::Probed(prober()?), fault_hook)
+        .map_err(|refusal| refused(refusal.0))?;
     let printed = if json {
         print_json(
             out,

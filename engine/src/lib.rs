@@ -18,6 +18,9 @@
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
 //!   `agentctl check` reports;
 //! - [`logging`]: the callback plugins log through;
+//! - [`shadow`] and [`reload`]: what a host that reloads its chain needs: libraries
+//!   loaded from shadow copies, a new chain loaded and checked beside the running one,
+//!   the watch of the configuration and `plugin_dir`;
 //! - [`output`]: the binaries' stdout kept from plugins, write failures and exits a
 //!   plugin makes turned into failures, one-line errors.
 //!
@@ -38,8 +41,10 @@ pub mod logging;
 pub mod output;
 pub mod probe;
 mod rank_table;
+pub mod reload;
 pub mod selfcheck;
 pub mod services;
+pub mod shadow;
 pub mod summary;
 pub mod tokens;
 pub mod turns;

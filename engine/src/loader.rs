@@ -17,7 +17,7 @@
 //! (`agentctl plugins`, `check`) loads each one in a child process ([`crate::probe`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use abi_stable::abi_stability::abi_checking::{AbiInstability, AbiInstabilityErrors};
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
@@ -27,10 +27,12 @@ use plugin_api::{ConfigError, Description, LoadContext, PluginBox, PluginModRef,
 
 use crate::elf;
 use crate::probe::{Probed, Prober};
+use crate::shadow::{ShadowLibraries, SHADOW_DIR};
 
 pub use plugin_api::naming::{library_file_name, plugin_stem};
 
-/// A loaded plugin library.
+/// A loaded plugin library. Cloning it shares the mapped library (never unloaded).
+#[derive(Clone)]
 pub struct PluginLibrary {
     /// The exported chain name.
     pub name: String,
@@ -82,8 +84,9 @@ impl PluginLibrary {
         PluginLibrary::load_as(path, path)
     }
 
-    /// Loads `file`, naming it `shown` (a symlink's own path in `plugin_dir`).
-    fn load_as(shown: &Path, file: &Path) -> Result<PluginLibrary, Refusal> {
+    /// Loads `file`, naming it `shown` (a symlink's own path in `plugin_dir`, or the
+    /// file a shadow copy was made of).
+    pub(crate) fn load_as(shown: &Path, file: &Path) -> Result<PluginLibrary, Refusal> {
         let refuse = |reason: String, detail: Option<String>| Refusal {
             path: shown.to_path_buf(),
             reason,
@@ -253,6 +256,8 @@ pub struct Catalog {
     files: Vec<LibraryFile>,
     /// When set, a library is first loaded in a child process ([`Catalog::probed`]).
     prober: Option<Prober>,
+    /// When set, libraries load from shadow copies ([`Catalog::shadowed`]).
+    shadow: Option<Arc<ShadowLibraries>>,
 }
 
 /// Why [`Catalog::library`] has no library for a name.
@@ -310,6 +315,8 @@ impl Catalog {
         let canonical = std::fs::canonicalize(dir).map_err(cannot_read)?;
         let mut paths: Vec<PathBuf> = entries
             .filter_map(Result::ok)
+            // The shadow copies (crate::shadow) are the host's, never plugins to discover.
+            .filter(|entry| entry.file_name() != SHADOW_DIR)
             .map(|entry| entry.path())
             .filter(|path| plugin_stem(path).is_some())
             .collect();
@@ -340,7 +347,11 @@ impl Catalog {
                 loaded: OnceLock::new(),
             });
         }
-        Ok(Catalog { files, prober: None })
+        Ok(Catalog {
+            files,
+            prober: None,
+            shadow: None,
+        })
     }
 
     /// This catalog, loading every library first in a child process run by `prober`, so
@@ -348,6 +359,15 @@ impl Catalog {
     /// process. For tools that must outlive any library; the host itself loads directly.
     pub fn probed(mut self, prober: Prober) -> Catalog {
         self.prober = Some(prober);
+        self
+    }
+
+    /// This catalog, loading every library from a shadow copy held by `libraries`
+    /// (`<plugin_dir>/.shadow/<hash>/`), reusing one already loaded with the same content:
+    /// for a host that reloads, which must never map a file of `plugin_dir` that a rebuild
+    /// may overwrite (docs/chain.md#hot-reload).
+    pub fn shadowed(mut self, libraries: Arc<ShadowLibraries>) -> Catalog {
+        self.shadow = Some(libraries);
         self
     }
 
@@ -410,7 +430,10 @@ impl Catalog {
                 // Refused before it is mapped here, as the probe saw it.
                 exports(&probed.name)?;
             }
-            let library = PluginLibrary::load_as(&file.path, &file.target)?;
+            let library = match &self.shadow {
+                Some(libraries) => libraries.load(file)?,
+                None => PluginLibrary::load_as(&file.path, &file.target)?,
+            };
             exports(&library.name)?;
             Ok(library)
         })();

@@ -318,26 +318,38 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
             return report;
         }
     };
-    // Every stage runs, so every fault is reported, whatever `on_plugin_error` and
-    // `required` say.
-    chain.on_error = OnPluginError::Skip;
-    chain.required.clear();
+    let (runs, problems) = sample_runs(&mut chain, &config);
+    report.runs = runs;
+    report.problems.extend(problems);
+    report
+}
+
+/// Runs `chain` on [`SAMPLE_HISTORY`] once per model (every listed model and `default`):
+/// the runs, and every fault as a problem line. Every stage runs, so every fault is
+/// reported, whatever `on_plugin_error` and `required` say; the chain's own settings are
+/// put back after. `check` reports these; a reload refuses a chain with a problem.
+pub fn sample_runs(chain: &mut Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
+    let on_error = std::mem::replace(&mut chain.on_error, OnPluginError::Skip);
+    let required = std::mem::take(&mut chain.required);
+    let result = run_samples(chain, config);
+    chain.on_error = on_error;
+    chain.required = required;
+    result
+}
+
+fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
+    let mut runs = Vec::new();
     // The same fault on every model is one problem, naming the models.
     let mut faults = SampleFaults::default();
     for model in config.models_for_validation() {
         let history = match plugin_api::wire::history_from_str(SAMPLE_HISTORY) {
             Ok(history) => history,
-            Err(err) => {
-                report
-                    .problems
-                    .push(format!("the built-in sample history is invalid: {err}"));
-                return report;
-            }
+            Err(err) => return (runs, vec![format!("the built-in sample history is invalid: {err}")]),
         };
         let turn = turns::current_turn(&history, None);
         let name = model.name.to_string();
         let effective_ctx = model.effective_ctx;
-        let ctx = stateless_context(&config, model, turn);
+        let ctx = stateless_context(config, model, turn);
         let messages_in = history.len();
         match chain.run(history, &ctx, Call::Process) {
             Ok(run) => {
@@ -362,7 +374,7 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
                         );
                     }
                 }
-                report.runs.push(SampleRun {
+                runs.push(SampleRun {
                     model: name,
                     effective_ctx,
                     messages_in,
@@ -373,11 +385,10 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
             Err(failure) => faults.add("the sample run failed".to_string(), &failure.to_string(), &name),
         }
     }
-    report.problems.extend(faults.lines());
-    report
+    (runs, faults.lines().collect())
 }
 
-/// SampleFaults of the sample runs, each once with the models it happened on, in the order
+/// The faults of the sample runs, each once with the models it happened on, in the order
 /// first seen.
 #[derive(Default)]
 struct SampleFaults(Vec<(String, String, Vec<String>)>);

@@ -167,6 +167,10 @@ async fn run(options: ServeOptions) -> Result<(), String> {
         config.max_body_mb
     );
     let reaper = service.spawn_reaper();
+    // Hot reload (docs/chain.md#hot-reload); without a watch the host still serves.
+    if let Err(e) = service.watch() {
+        tracing::warn!("hot reload is off: {e}");
+    }
     let shutting_down = service.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {

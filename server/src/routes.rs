@@ -422,7 +422,7 @@ async fn chain(State(app): State<App>) -> Json<Value> {
         "agent_max_ctx": config.agent_max_ctx,
         "max_users": config.max_users,
         "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
-        "last_reload": Value::Null,
+        "last_reload": app.service.last_reload().map(|last| last.to_json()),
     }))
 }
 

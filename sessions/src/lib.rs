@@ -8,12 +8,14 @@
 //! - [`service`]: every live session, per-session serialization, host-wide settings,
 //!   `max_users` and the idle reaper;
 //! - [`commands`]: the runtime commands (`!model`, `!maxctx`, …, `/history`, `/clear`);
+//! - [`reload`]: hot reload of the configuration and the chain (`Service::watch`);
 //! - [`metrics`]: the counters `/metrics` shows; [`clock`]: time stamps and session ids.
 
 pub mod clock;
 pub mod commands;
 pub mod error;
 pub mod metrics;
+pub mod reload;
 pub mod service;
 pub mod session;
 pub mod store;

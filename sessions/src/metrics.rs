@@ -24,6 +24,9 @@ struct Inner {
     tokens_out: u64,
     store_count: u64,
     store_sum: f64,
+    /// Chain reloads: swapped in, refused.
+    reloads_ok: u64,
+    reloads_failed: u64,
 }
 
 /// Per-plugin totals for `GET /v1/chain`.
@@ -89,6 +92,16 @@ impl Metrics {
             .plugin_errors
             .entry((plugin.to_string(), "failed"))
             .or_default() += 1;
+    }
+
+    /// A chain reload was swapped in (`ok`) or refused.
+    pub fn reload(&self, ok: bool) {
+        let mut m = self.lock();
+        if ok {
+            m.reloads_ok += 1;
+        } else {
+            m.reloads_failed += 1;
+        }
     }
 
     /// A store transaction took `seconds`.
@@ -210,8 +223,12 @@ impl Metrics {
         let _ = writeln!(out, "history_sessions_live {sessions_live}");
         let _ = writeln!(out, "# HELP history_reloads_total Chain reloads by outcome.");
         let _ = writeln!(out, "# TYPE history_reloads_total counter");
-        let _ = writeln!(out, "history_reloads_total{{outcome=\"ok\"}} 0");
-        let _ = writeln!(out, "history_reloads_total{{outcome=\"failed\"}} 0");
+        let _ = writeln!(out, "history_reloads_total{{outcome=\"ok\"}} {}", m.reloads_ok);
+        let _ = writeln!(
+            out,
+            "history_reloads_total{{outcome=\"failed\"}} {}",
+            m.reloads_failed
+        );
         let _ = writeln!(out, "# HELP history_store_seconds Time of store transactions.");
         let _ = writeln!(out, "# TYPE history_store_seconds summary");
         let _ = writeln!(out, "history_store_seconds_sum {}", m.store_sum);

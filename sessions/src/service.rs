@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use agentctl::edit::Edit;
-use history_engine::{load_chain, Config, SharedChain};
+use history_engine::reload::{config_hash, load_shadowed, Watcher};
+use history_engine::shadow::ShadowLibraries;
+use history_engine::{Config, SharedChain};
 use serde_json::{json, Value};
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -21,6 +23,7 @@ use crate::clock::{new_session_id, now_ms, rfc3339};
 use crate::commands::Command;
 use crate::error::{ErrorKind, SessionError};
 use crate::metrics::Metrics;
+use crate::reload::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
 use crate::store::{
     self, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError, StoredSession, TranscriptRow,
@@ -188,19 +191,26 @@ impl Store for TimedStore {
     }
 }
 
-/// The session service.
+/// The session service. Hot reload (`crate::reload`) swaps its configuration and chain.
 pub struct Service {
-    config_file: PathBuf,
+    pub(crate) config_file: PathBuf,
     /// The live configuration: the file as loaded, with the runtime commands' changes.
-    config: RwLock<Arc<Config>>,
-    chain: SharedChain,
+    pub(crate) config: RwLock<Arc<Config>>,
+    pub(crate) chain: SharedChain,
+    /// Every library this process loaded, each from a shadow copy (docs/chain.md#hot-reload).
+    pub(crate) libraries: Arc<ShadowLibraries>,
+    /// What the running chain was loaded from, and how the last reload went.
+    pub(crate) reload: Mutex<ReloadState>,
+    /// The watch of the configuration and `plugin_dir`, while hot reload runs.
+    pub(crate) watcher: Mutex<Option<Watcher>>,
     store: Arc<dyn Store>,
     store_path: PathBuf,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Held (shared) by every session operation, and exclusively by a change of
-    /// `agent_max_ctx`, so every session's `effective_ctx` changes between operations.
-    settings: RwLock<()>,
-    idle_timeout_ms: AtomicU64,
+    /// `agent_max_ctx` or a reload, so every session's `effective_ctx`, the configuration
+    /// and the chain change between operations.
+    pub(crate) settings: RwLock<()>,
+    pub(crate) idle_timeout_ms: AtomicU64,
     turn_wait: Duration,
     /// On a shared store: the session operations this host runs at once (each holds a
     /// connection of the store's pool for its whole length).
@@ -225,12 +235,26 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+/// The idle timeout `config` asks for, in milliseconds. Hidden, for tests:
+/// `HISTORY_SESSION_TIMEOUT_SECONDS` overrides it, in seconds.
+pub(crate) fn idle_timeout_ms_for(config: &Config) -> u64 {
+    env_u64("HISTORY_SESSION_TIMEOUT_SECONDS")
+        .map(|s| s * 1000)
+        .unwrap_or(config.session_idle_timeout_minutes * 60_000)
+}
+
 impl Service {
-    /// Loads the configuration and the chain, opens the store and finds every stored
+    /// Loads the configuration and the chain (every library from a shadow copy, and the
+    /// shadow copies no process uses removed), opens the store and finds every stored
     /// session (their messages load on first use).
     pub fn open(options: &Options) -> Result<Arc<Service>, StartError> {
-        let (config, _catalog, chain) =
-            load_chain(&options.config_file).map_err(|e| StartError(e.to_string()))?;
+        let libraries = Arc::new(ShadowLibraries::new());
+        let loaded =
+            load_shadowed(&options.config_file, &libraries).map_err(|e| StartError(e.to_string()))?;
+        let (config, chain) = (loaded.config, loaded.chain);
+        for removed in libraries.remove_unused(&config.plugin_dir) {
+            tracing::info!("removed the unused shadow copy {}", removed.display());
+        }
         history_engine::tokens::set_cache_entries(config.token_cache_entries);
         let store_path = options.store.clone().unwrap_or_else(|| config.store.clone());
         let metrics = Arc::new(Metrics::default());
@@ -267,10 +291,7 @@ impl Service {
                 )
             })
             .collect();
-        // Hidden, for tests: the idle timeout in seconds instead of minutes.
-        let idle_timeout_ms = env_u64("HISTORY_SESSION_TIMEOUT_SECONDS")
-            .map(|s| s * 1000)
-            .unwrap_or(config.session_idle_timeout_minutes * 60_000);
+        let idle_timeout_ms = idle_timeout_ms_for(&config);
         tracing::info!(
             "store {}: {} sessions; chain {:?}, view {:?}",
             store::shown(&store_path),
@@ -282,6 +303,9 @@ impl Service {
             config_file: options.config_file.clone(),
             config: RwLock::new(Arc::new(config)),
             chain: SharedChain::new(chain),
+            libraries,
+            reload: Mutex::new(ReloadState::new(loaded.fingerprint)),
+            watcher: Mutex::new(None),
             store: Arc::new(store),
             store_path,
             slots: Mutex::new(slots),
@@ -320,6 +344,7 @@ impl Service {
     /// running ones finish.
     pub fn shut_down(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.stop_watching();
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -911,13 +936,23 @@ impl Service {
         }
     }
 
-    /// Writes a host-wide setting to the configuration file as agentctl does.
-    async fn edit_config(&self, edit: Edit) -> Result<(), SessionError> {
-        let file = self.config_file.clone();
-        let outcome = tokio::task::spawn_blocking(move || agentctl::edit::run(&file, &edit, None, &|| {}))
-            .await
-            .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
-            .map_err(|refused| SessionError::bad_input(refused.0))?;
+    /// Writes a host-wide setting to the configuration file as agentctl does (its
+    /// validation loading the libraries from this host's shadow copies). The file written
+    /// is remembered as the running configuration's when the file it edited was, so hot
+    /// reload does not reload for this host's own write (docs/chain.md#hot-reload).
+    async fn edit_config(self: &Arc<Self>, edit: Edit) -> Result<(), SessionError> {
+        let service = self.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let loading = agentctl::edit::Loading::Shadowed(service.libraries.clone());
+            let outcome = agentctl::edit::run(&service.config_file, &edit, loading, &|| {})?;
+            service
+                .lock_reload()
+                .own_write(&config_hash(&outcome.before), &config_hash(&outcome.after));
+            Ok::<_, agentctl::edit::Refused>(outcome)
+        })
+        .await
+        .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
+        .map_err(|refused| SessionError::bad_input(refused.0))?;
         tracing::info!("{}: {}", outcome.file.display(), outcome.summary);
         Ok(())
     }
@@ -929,32 +964,36 @@ impl Service {
         tokio::task::spawn_blocking(move || {
             let _settings = service.settings.write().unwrap_or_else(|e| e.into_inner());
             let config = service.change_config(|c| c.agent_max_ctx = value);
-            let slots: Vec<Arc<Slot>> = service.slots().values().cloned().collect();
-            let mut changes = Vec::new();
-            for slot in &slots {
-                let info = slot.info();
-                let effective_ctx = config.model(&info.model).effective_ctx;
-                if effective_ctx != info.effective_ctx {
-                    changes.push((slot.clone(), info.id, effective_ctx));
-                }
-            }
-            let updates: Vec<(String, u64)> = changes.iter().map(|(_, id, e)| (id.clone(), *e)).collect();
-            service.store.set_effective_ctx(&updates)?;
-            for (slot, _, effective_ctx) in &changes {
-                slot.info.lock().unwrap_or_else(|e| e.into_inner()).effective_ctx = *effective_ctx;
-            }
-            tracing::info!(
-                "agent_max_ctx = {value}: effective_ctx recomputed for {} sessions",
-                changes.len()
-            );
-            Ok(changes.len())
+            let changed = service.recompute_effective_ctx(&config)?;
+            tracing::info!("agent_max_ctx = {value}: effective_ctx recomputed for {changed} sessions");
+            Ok(changed)
         })
         .await
         .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
     }
 
-    /// `Ok` when the store takes writes and no plugin of the chain is quarantined; else
-    /// every reason, one per line.
+    /// Recomputes every live session's `effective_ctx` by `config` (the caller holds the
+    /// settings exclusively). Returns how many changed.
+    pub(crate) fn recompute_effective_ctx(&self, config: &Config) -> Result<usize, StoreError> {
+        let slots: Vec<Arc<Slot>> = self.slots().values().cloned().collect();
+        let mut changes = Vec::new();
+        for slot in &slots {
+            let info = slot.info();
+            let effective_ctx = config.model(&info.model).effective_ctx;
+            if effective_ctx != info.effective_ctx {
+                changes.push((slot.clone(), info.id, effective_ctx));
+            }
+        }
+        let updates: Vec<(String, u64)> = changes.iter().map(|(_, id, e)| (id.clone(), *e)).collect();
+        self.store.set_effective_ctx(&updates)?;
+        for (slot, _, effective_ctx) in &changes {
+            slot.info.lock().unwrap_or_else(|e| e.into_inner()).effective_ctx = *effective_ctx;
+        }
+        Ok(changes.len())
+    }
+
+    /// `Ok` when the store takes writes, the last reload did not fail and no plugin of the
+    /// chain is quarantined; else every reason, one per line.
     pub async fn health(self: &Arc<Self>) -> Result<(), String> {
         let service = self.clone();
         let mut reasons = Vec::new();
@@ -965,6 +1004,7 @@ impl Service {
         if let Err(e) = store {
             reasons.push(format!("store unwritable: {e}"));
         }
+        reasons.extend(self.reload_failure());
         let chain = self.chain.current();
         for plugin in chain.quarantined() {
             reasons.push(format!(

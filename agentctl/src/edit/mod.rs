@@ -10,8 +10,8 @@
 //! Every edit is validated before anything is written, by the rules the host applies at
 //! load: the edited text is re-parsed by [`Config::parse`], the chain's plugins must be
 //! in the [`Catalog`], and [`Chain::load`] instantiates the chain so every plugin validates
-//! its own table (only the libraries the configuration names are mapped, each loaded in a
-//! child process first when [`run`] is given a prober). Then [`crate::write`] replaces the
+//! its own table (only the libraries the configuration names are mapped, each loaded as
+//! [`Loading`] says: in a child process first, or from a host's shadow copies). Then [`crate::write`] replaces the
 //! file atomically. A refusal or a crash never leaves a changed or half-written file.
 
 mod array;
@@ -19,7 +19,9 @@ mod layout;
 mod plugin_table;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use history_engine::shadow::ShadowLibraries;
 use history_engine::{Catalog, Chain, Config, Prober, Unavailable};
 use plugin_api::naming::is_plugin_name;
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
@@ -105,19 +107,27 @@ pub struct Outcome {
     pub summary: String,
     /// False when the edit asked for what the file already says: nothing was written.
     pub written: bool,
+    /// The file's text the edit read, under the edit lock.
+    pub before: String,
+    /// The file's text after the edit (`before` when nothing was written).
+    pub after: String,
 }
 
-/// Reads `file`, applies `edit`, validates the result as the host would load it, and
-/// writes it atomically ([`write_atomic`]; `before_rename` runs just before the rename, see
-/// there). Any refusal leaves the file as it was. With a `prober`, every library the
-/// validation maps is first loaded in a child process, so one that crashes while it loads
-/// is a refusal, not the end of the caller.
-pub fn run(
-    file: &Path,
-    edit: &Edit,
-    prober: Option<Prober>,
-    before_rename: &dyn Fn(),
-) -> Result<Outcome, Refused> {
+/// How an edit's validation loads the libraries it maps.
+pub enum Loading {
+    /// Each first in a child process run by the prober, so one that crashes while it
+    /// loads is a refusal, not the end of the caller (the `agentctl` binary).
+    Probed(Prober),
+    /// From the shadow copies of a host that reloads its chain, which never maps a file of
+    /// `plugin_dir` itself (a runtime command of `serve`, docs/chain.md#hot-reload).
+    Shadowed(Arc<ShadowLibraries>),
+}
+
+/// Reads `file`, applies `edit`, validates the result as the host would load it (the
+/// libraries loaded as `loading` says), and writes it atomically ([`write_atomic`];
+/// `before_rename` runs just before the rename, see there). Any refusal leaves the file
+/// as it was.
+pub fn run(file: &Path, edit: &Edit, loading: Loading, before_rename: &dyn Fn()) -> Result<Outcome, Refused> {
     // One agentctl edits a file at a time: no edit is lost to another's read-modify-write.
     let _lock = EditLock::acquire(file)?;
     let source = std::fs::read_to_string(file).map_err(|err| {
@@ -127,17 +137,26 @@ pub fn run(
         ))
     })?;
     let config = Config::parse(file, source.clone()).map_err(|err| Refused(err.to_string()))?;
-    let mut catalog =
+    let catalog =
         Catalog::discover(&config.plugin_dir).map_err(|err| Refused(format!("{}: {err}", file.display())))?;
-    if let Some(prober) = prober.clone() {
-        catalog = catalog.probed(prober);
-    }
+    // plugin-set's check runs the plugin's `new` in a child process (a runtime command
+    // inside `serve` never sets a plugin's table).
+    let prober = match &loading {
+        Loading::Probed(prober) => Some(prober.clone()),
+        Loading::Shadowed(_) => None,
+    };
+    let catalog = match loading {
+        Loading::Probed(prober) => catalog.probed(prober),
+        Loading::Shadowed(libraries) => catalog.shadowed(libraries),
+    };
     let planned = apply(file, &source, edit, Some(&catalog))?;
     if planned.text == source {
         return Ok(Outcome {
             file: file.to_path_buf(),
             summary: planned.summary,
             written: false,
+            after: source.clone(),
+            before: source,
         });
     }
     if let (Some(name), Some(prober)) = (edit.plugin_table(), &prober) {
@@ -158,6 +177,8 @@ pub fn run(
         file: file.to_path_buf(),
         summary: planned.summary,
         written: true,
+        before: source,
+        after: planned.text,
     })
 }
 

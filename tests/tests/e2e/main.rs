@@ -26,6 +26,7 @@ mod process_cli;
 mod properties;
 mod proxy;
 mod relevance;
+mod reload;
 mod retention;
 mod rewriting;
 mod role_pair;
