@@ -17,6 +17,7 @@
 //! - [`expand`]: restoring a compacted or omitted message's original content;
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
 //!   `agentctl check` reports;
+//! - [`isolate`]: plugins run in a worker process (`[history] isolate`), and the worker;
 //! - [`logging`]: the callback plugins log through;
 //! - [`output`]: the binaries' stdout kept from plugins, write failures and exits a
 //!   plugin makes turned into failures, one-line errors.
@@ -33,6 +34,7 @@ mod deadline;
 pub mod document;
 mod elf;
 pub mod expand;
+pub mod isolate;
 mod loader;
 pub mod logging;
 pub mod output;

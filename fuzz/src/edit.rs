@@ -83,8 +83,8 @@ fn allowed(generated: &Generated, edit: &Edit, config: &Config) -> Option<Range<
         Edit::MaxCtx(_) => one(generated.agent_max_ctx),
         Edit::MaxUsers(_) => one(generated.max_users),
         Edit::SessionTimeout(_) => one(generated.session_timeout),
-        Edit::Require { .. } | Edit::Unrequire { .. } => {
-            unreachable!("the generator makes no `required` edits")
+        Edit::Require { .. } | Edit::Unrequire { .. } | Edit::Isolate { .. } | Edit::Unisolate { .. } => {
+            unreachable!("the generator makes no `required` or `isolate` edits")
         }
     }
 }
@@ -122,6 +122,8 @@ fn check_result(edit: &Edit, before: &Config, after: &Config) {
         Edit::SessionTimeout(n) => assert_eq!(after.session_idle_timeout_minutes, *n),
         Edit::Require { name } => assert!(after.required.contains(name), "required"),
         Edit::Unrequire { name } => assert!(!after.required.contains(name), "not required"),
+        Edit::Isolate { name } => assert!(after.isolate.contains(name), "isolated"),
+        Edit::Unisolate { name } => assert!(!after.isolate.contains(name), "not isolated"),
     }
     let lists_kept = matches!(
         edit,
