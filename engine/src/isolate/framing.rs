@@ -76,8 +76,8 @@ impl<R: Read + AsRawFd> FrameReader<R> {
         }
     }
 
-    /// The next frame (its kind and payload), waiting until `deadline` at most.
-    pub(crate) fn read(&mut self, deadline: Option<Instant>) -> Result<(u8, Vec<u8>), ReadFailure> {
+    /// The next frame, waiting until `deadline` at most.
+    pub(crate) fn read(&mut self, deadline: Option<Instant>) -> Result<Frame, ReadFailure> {
         self.fill(5, deadline)?;
         let length =
             u32::from_le_bytes([self.buffer[0], self.buffer[1], self.buffer[2], self.buffer[3]]) as usize;
@@ -85,26 +85,51 @@ impl<R: Read + AsRawFd> FrameReader<R> {
             return Err(ReadFailure::Broken);
         }
         self.fill(4 + length, deadline)?;
-        let kind = self.buffer[4];
-        let payload = self.buffer[5..4 + length].to_vec();
-        self.buffer.drain(..4 + length);
-        Ok((kind, payload))
+        // The frame keeps the buffer (no copy of the payload); what came after it stays.
+        let rest = self.buffer.split_off(4 + length);
+        Ok(Frame {
+            bytes: std::mem::replace(&mut self.buffer, rest),
+        })
     }
 
-    /// Reads until the buffer holds `n` bytes.
+    /// Reads until the buffer holds `n` bytes (or more, when more has arrived).
     fn fill(&mut self, n: usize, deadline: Option<Instant>) -> Result<(), ReadFailure> {
-        let mut chunk = vec![0u8; (n.saturating_sub(self.buffer.len())).clamp(4096, 1 << 20)];
-        while self.buffer.len() < n {
+        let mut filled = self.buffer.len();
+        while filled < n {
             wait_readable(self.pipe.as_raw_fd(), deadline)?;
-            let want = (n - self.buffer.len()).min(chunk.len()).max(1);
-            match self.pipe.read(&mut chunk[..want]) {
-                Ok(0) => return Err(ReadFailure::Closed),
-                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
+            self.buffer.resize(n.max(filled + 4096), 0);
+            let read = self.pipe.read(&mut self.buffer[filled..]);
+            match read {
+                Ok(0) => {
+                    self.buffer.truncate(filled);
+                    return Err(ReadFailure::Closed);
+                }
+                Ok(read) => filled += read,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Err(ReadFailure::Broken),
+                Err(_) => {
+                    self.buffer.truncate(filled);
+                    return Err(ReadFailure::Broken);
+                }
             }
         }
+        self.buffer.truncate(filled);
         Ok(())
+    }
+}
+
+/// One frame read: its kind and payload.
+pub(crate) struct Frame {
+    /// The whole frame, header included.
+    bytes: Vec<u8>,
+}
+
+impl Frame {
+    pub(crate) fn kind(&self) -> u8 {
+        self.bytes[4]
+    }
+
+    pub(crate) fn payload(&self) -> &[u8] {
+        &self.bytes[5..]
     }
 }
 
@@ -159,19 +184,19 @@ mod tests {
             a
         });
         let mut reader = FrameReader::new(b);
-        let (kind, payload) = reader.read(None).unwrap();
-        assert_eq!(kind, LOG);
+        let first = reader.read(None).unwrap();
+        assert_eq!(first.kind(), LOG);
         assert_eq!(
-            super::super::codec::Decoder::new(&payload).str().unwrap(),
+            super::super::codec::Decoder::new(first.payload()).str().unwrap(),
             "hello"
         );
-        let (kind, payload) = reader.read(None).unwrap();
-        assert_eq!((kind, payload.len()), (OUTPUT, 4 + (3 << 20)));
+        let second = reader.read(None).unwrap();
+        assert_eq!((second.kind(), second.payload().len()), (OUTPUT, 4 + (3 << 20)));
         let a = writer.join().unwrap();
 
         let started = Instant::now();
         let late = reader.read(Some(Instant::now() + Duration::from_millis(50)));
-        assert!(matches!(late, Err(ReadFailure::Late)), "{late:?}");
+        assert!(matches!(late, Err(ReadFailure::Late)));
         assert!(started.elapsed() >= Duration::from_millis(50));
         drop(a);
         assert!(matches!(reader.read(None), Err(ReadFailure::Closed)));

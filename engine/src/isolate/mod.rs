@@ -169,7 +169,7 @@ impl IsolatedPlugin {
         }
         let deadline = Some(Instant::now() + START_TIMEOUT);
         loop {
-            let (kind, payload) = match worker.answers.read(deadline) {
+            let frame = match worker.answers.read(deadline) {
                 Ok(frame) => frame,
                 Err(ReadFailure::Late) => {
                     return Err(StartFailure::Failed(format!(
@@ -180,29 +180,7 @@ impl IsolatedPlugin {
                 }
                 Err(_) => return Err(StartFailure::Failed(worker.died("while it loaded the library"))),
             };
-            let mut answer = Decoder::new(&payload);
-            let decoded: Decoded<Option<Result<String, StartFailure>>> = (|| {
-                Ok(match kind {
-                    framing::LOG => {
-                        self.log(&mut answer)?;
-                        None
-                    }
-                    framing::LOADED => {
-                        let _name = answer.str()?;
-                        Some(Ok(answer.str()?.to_string()))
-                    }
-                    framing::REFUSED => Some(Err(StartFailure::Refused {
-                        reason: answer.str()?.to_string(),
-                        detail: answer.str()?.to_string(),
-                    })),
-                    framing::CONFIG_ERROR => Some(Err(StartFailure::Config(plugin_api::ConfigError {
-                        key: answer.string()?,
-                        message: answer.string()?,
-                    }))),
-                    _ => return Err(Malformed(format!("an unexpected frame {kind}"))),
-                })
-            })();
-            match decoded.and_then(|outcome| answer.finish().map(|_| outcome)) {
+            match self.load_answer(frame.kind(), &mut Decoder::new(frame.payload())) {
                 Ok(None) => continue,
                 Ok(Some(Ok(version))) => return Ok((worker, version)),
                 Ok(Some(Err(failure))) => return Err(failure),
@@ -214,6 +192,36 @@ impl IsolatedPlugin {
                 }
             }
         }
+    }
+
+    /// One frame of a worker that loads: a log line (`None`: more to come), or how the
+    /// load ended (the plugin's version, or why it failed).
+    fn load_answer(
+        &self,
+        kind: u8,
+        answer: &mut Decoder<'_>,
+    ) -> Decoded<Option<Result<String, StartFailure>>> {
+        let outcome = match kind {
+            framing::LOG => {
+                self.log(answer)?;
+                None
+            }
+            framing::LOADED => {
+                let _name = answer.str()?;
+                Some(Ok(answer.str()?.to_string()))
+            }
+            framing::REFUSED => Some(Err(StartFailure::Refused {
+                reason: answer.str()?.to_string(),
+                detail: answer.str()?.to_string(),
+            })),
+            framing::CONFIG_ERROR => Some(Err(StartFailure::Config(plugin_api::ConfigError {
+                key: answer.string()?,
+                message: answer.string()?,
+            }))),
+            _ => return Err(Malformed(format!("an unexpected frame {kind}"))),
+        };
+        answer.finish()?;
+        Ok(outcome)
     }
 
     /// Logs a plugin's line that came as a frame, under the plugin's name.
@@ -265,7 +273,7 @@ impl IsolatedPlugin {
             return Err(worker.died("during the call"));
         }
         loop {
-            let (kind, payload) = match worker.answers.read(deadline) {
+            let frame = match worker.answers.read(deadline) {
                 Ok(frame) => frame,
                 Err(ReadFailure::Late) => {
                     let pid = worker.pid();
@@ -277,7 +285,7 @@ impl IsolatedPlugin {
                 }
                 Err(_) => return Err(worker.died("during the call")),
             };
-            let mut answer = Decoder::new(&payload);
+            let (kind, mut answer) = (frame.kind(), Decoder::new(frame.payload()));
             let decoded = match kind {
                 framing::LOG => self.log(&mut answer).map(|_| None),
                 framing::OUTPUT => decode_output(&mut answer, history).map(|output| Some(Ok(output))),

@@ -121,20 +121,20 @@ pub fn serve() -> ExitCode {
     let mut requests = FrameReader::new(input);
     let mut plugin: Option<PluginBox> = None;
     loop {
-        let (kind, payload) = match requests.read(None) {
+        let frame = match requests.read(None) {
             Ok(frame) => frame,
             Err(ReadFailure::Closed) => return ExitCode::SUCCESS,
             Err(_) => return ExitCode::FAILURE,
         };
-        let answered = match (kind, plugin.as_ref()) {
-            (framing::LOAD, None) => match load(&payload) {
+        let answered = match (frame.kind(), plugin.as_ref()) {
+            (framing::LOAD, None) => match load(frame.payload()) {
                 Ok((instance, answer)) => {
                     plugin = instance;
                     send(answer)
                 }
                 Err(_) => return ExitCode::FAILURE,
             },
-            (framing::CALL, Some(instance)) => match call(instance, &payload) {
+            (framing::CALL, Some(instance)) => match call(instance, frame.payload()) {
                 Ok(answer) => send(answer),
                 Err(_) => return ExitCode::FAILURE,
             },
