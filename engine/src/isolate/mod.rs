@@ -38,6 +38,9 @@ use framing::{FrameReader, ReadFailure};
 /// How long a worker may take to load its library and build its plugin.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How a call's error about a dead worker ends.
+const NEXT_CALL: &str = "a new one starts at the next call";
+
 /// Idle workers a stage keeps; more are ended when their call is done.
 const MAX_IDLE: usize = 8;
 
@@ -270,7 +273,7 @@ impl IsolatedPlugin {
         }
         let deadline = limit.map(|limit| Instant::now() + limit);
         if framing::send(&mut worker.requests, request).is_err() {
-            return Err(worker.died("during the call"));
+            return Err(format!("{}; {NEXT_CALL}", worker.died("during the call")));
         }
         loop {
             let frame = match worker.answers.read(deadline) {
@@ -283,7 +286,7 @@ impl IsolatedPlugin {
                         limit.unwrap_or_default().as_millis()
                     ));
                 }
-                Err(_) => return Err(worker.died("during the call")),
+                Err(_) => return Err(format!("{}; {NEXT_CALL}", worker.died("during the call"))),
             };
             let (kind, mut answer) = (frame.kind(), Decoder::new(frame.payload()));
             let decoded = match kind {
@@ -322,7 +325,7 @@ fn start_failure_line(failure: StartFailure) -> String {
             echo::bare(&err.key),
             echo::text(&err.message)
         ),
-        StartFailure::Failed(why) => why,
+        StartFailure::Failed(why) => format!("{why}; {NEXT_CALL}"),
     }
 }
 
@@ -379,7 +382,7 @@ impl WorkerProcess {
             Some(status) => ended(status),
             None => "closed its pipe and was killed".to_string(),
         };
-        format!("its worker (pid {pid}) {how} {when}; a new one starts at the next call")
+        format!("its worker (pid {pid}) {how} {when}")
     }
 }
 

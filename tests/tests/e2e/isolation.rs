@@ -111,6 +111,26 @@ fn each_fault_of_an_isolated_plugin_fails_the_turn_under_fail_with_status_4() {
     );
 }
 
+/// Code that runs when the library is opened runs in the worker: a constructor that
+/// raises SIGBUS is that plugin's refusal at load (status 3), and the host says how.
+#[test]
+fn a_library_that_crashes_while_it_loads_is_refused_not_fatal() {
+    let dir = plugin_dir_with(&[&fixture_library("crasher")]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"crasher\"]\nisolate = [\"crasher\"]\n",
+        dir.path().display().to_string()
+    ));
+    let output = config.process(&[], HISTORY);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("plugin \"crasher\" in the chain cannot be loaded: ")
+            && stderr.contains("was killed by signal 7 (SIGBUS) while it loaded the library"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn an_isolated_plugin_runs_in_a_worker_with_the_hosts_services() {
     let dir = plugin_dir_with(&[&fixture_library("faulter")]);
