@@ -239,6 +239,13 @@ fn serve_keeps_serving_on_a_new_worker_after_each_fault() {
             assert_ne!(pid, first_pid, "{fault}: a new worker");
         }
         assert_eq!(server.get("/healthz").status, 200, "{fault}: not quarantined");
+        let chain = server.get("/v1/chain");
+        assert_eq!(chain.body["stages"][0]["worker_starts"], j!(null), "{chain:?}");
+        assert_eq!(
+            chain.body["stages"][1]["worker_starts"],
+            j!(2),
+            "{fault}: the first worker, then one after the fault: {chain:?}"
+        );
         assert!(server.stop().success(), "{fault}");
     }
 }
