@@ -631,7 +631,9 @@ fn load_isolated(config: &Config, catalog: &Catalog, list: &str, name: &str) -> 
             Err(cannot_load(format!("refused plugin library {}: {reason}", file.path.display())))
         }
         Err(StartFailure::Config(err)) => Err(table_error(config, name, &err)),
-        Err(StartFailure::Failed(why)) => Err(cannot_load(format!("{}: {why}", file.path.display()))),
+        Err(StartFailure::Failed(why) | StartFailure::Late(why)) => {
+            Err(cannot_load(format!("{}: {why}", file.path.display())))
+        }
     }
 }
 

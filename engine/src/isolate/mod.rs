@@ -35,7 +35,8 @@ use plugin_api::{echo, Context, LogLevel, Message, ModelInfo, Output, RArc, RVec
 use codec::{Decoded, Decoder, Malformed};
 use framing::{FrameReader, ReadFailure};
 
-/// How long a worker may take to load its library and build its plugin.
+/// How long a worker may take to load its library and build its plugin at load, or in a
+/// call without a deadline (a call's deadline bounds a restart and the call together).
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a call's error about a dead worker ends.
@@ -73,8 +74,10 @@ pub(crate) enum StartFailure {
     Refused { reason: String, detail: String },
     /// The plugin's `new` refused its table.
     Config(plugin_api::ConfigError),
-    /// The worker could not be run, died, or did not answer in time.
+    /// The worker could not be run, or died.
     Failed(String),
+    /// The worker did not finish loading in time, and was killed.
+    Late(String),
 }
 
 /// What a worker needs to build the plugin: the `LoadContext`'s values.
@@ -122,7 +125,7 @@ impl IsolatedPlugin {
             idle: Mutex::new(Vec::new()),
             starts: AtomicU64::new(0),
         };
-        let (worker, version) = plugin.spawn()?;
+        let (worker, version) = plugin.spawn(Instant::now() + START_TIMEOUT)?;
         plugin.version = version;
         plugin.idle_workers().push(worker);
         Ok(plugin)
@@ -142,8 +145,9 @@ impl IsolatedPlugin {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs a worker and has it build the plugin; returns it with the plugin's version.
-    fn spawn(&self) -> Result<(WorkerProcess, String), StartFailure> {
+    /// Runs a worker and has it build the plugin by `deadline`; returns it with the
+    /// plugin's version.
+    fn spawn(&self, deadline: Instant) -> Result<(WorkerProcess, String), StartFailure> {
         let mut child = Command::new(&self.command.program)
             .args(&self.command.args)
             .stdin(Stdio::piped())
@@ -170,15 +174,15 @@ impl IsolatedPlugin {
         if framing::send(&mut worker.requests, frame).is_err() {
             return Err(StartFailure::Failed(worker.died("while it started")));
         }
-        let deadline = Some(Instant::now() + START_TIMEOUT);
+        let started = Instant::now();
         loop {
-            let frame = match worker.answers.read(deadline) {
+            let frame = match worker.answers.read(Some(deadline)) {
                 Ok(frame) => frame,
                 Err(ReadFailure::Late) => {
-                    return Err(StartFailure::Failed(format!(
+                    return Err(StartFailure::Late(format!(
                         "its worker (pid {}) did not finish loading the library within {} ms and was killed",
                         worker.pid(),
-                        START_TIMEOUT.as_millis()
+                        deadline.saturating_duration_since(started).as_millis()
                     )))
                 }
                 Err(_) => return Err(StartFailure::Failed(worker.died("while it loaded the library"))),
@@ -249,12 +253,14 @@ impl IsolatedPlugin {
         switch: Option<(&ModelInfo, &ModelInfo)>,
         limit: Option<Duration>,
     ) -> Result<Output, String> {
+        // The deadline bounds the whole call, a restart of the worker included.
+        let deadline = limit.map(|limit| Instant::now() + limit);
         let idle = self.idle_workers().pop();
         let mut worker = match idle {
             Some(worker) => worker,
-            None => match self.spawn() {
+            None => match self.spawn(deadline.unwrap_or_else(|| Instant::now() + START_TIMEOUT)) {
                 Ok((worker, _)) => worker,
-                Err(failure) => return Err(start_failure_line(failure)),
+                Err(failure) => return Err(start_failure_line(failure, limit)),
             },
         };
         let mut request = framing::frame(framing::CALL);
@@ -271,7 +277,6 @@ impl IsolatedPlugin {
         for message in history {
             request.message(message);
         }
-        let deadline = limit.map(|limit| Instant::now() + limit);
         if framing::send(&mut worker.requests, request).is_err() {
             return Err(format!("{}; {NEXT_CALL}", worker.died("during the call")));
         }
@@ -315,9 +320,14 @@ impl IsolatedPlugin {
     }
 }
 
-/// A worker that could not start for a call, in one line.
-fn start_failure_line(failure: StartFailure) -> String {
+/// A worker that could not start for a call (under the deadline `limit`), in one line.
+fn start_failure_line(failure: StartFailure, limit: Option<Duration>) -> String {
+    let limit_ms = limit.unwrap_or_default().as_millis();
     match failure {
+        StartFailure::Late(why) if limit.is_some() => {
+            format!("did not return within {limit_ms} ms (plugin_timeout_ms): {why}; {NEXT_CALL}")
+        }
+        StartFailure::Late(why) => format!("{why}; {NEXT_CALL}"),
         StartFailure::NoCommand => "this process cannot run workers".to_string(),
         StartFailure::Refused { reason, .. } => format!("its worker refused the library: {reason}"),
         StartFailure::Config(err) => format!(
