@@ -164,6 +164,8 @@ impl IsolatedPlugin {
         let (Some(requests), Some(answers)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(StartFailure::Failed("its worker has no pipes".into()));
         };
+        framing::widen_pipe(&requests);
+        framing::widen_pipe(&answers);
         let mut worker = WorkerProcess {
             child,
             requests,
