@@ -106,6 +106,11 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Run a plugin of the chain or the view in a worker process ([history] isolate): its
+    /// abort, exit or crash ends the worker, not the host.
+    HistoryIsolate { name: String },
+    /// Remove a plugin from [history] isolate: it runs in the host's process again.
+    HistoryUnisolate { name: String },
     /// Every plugin library in plugin_dir: name, version, file, whether it loads, whether
     /// it is enabled.
     Plugins,
@@ -120,6 +125,10 @@ enum Command {
         /// The configuration whose `[plugin.NAME]` table the plugin validates.
         config_file: Option<PathBuf>,
     },
+    /// Internal: serve one isolated plugin's calls over stdin and stdout (`[history]
+    /// isolate`): `check` and the edits run an isolated plugin in it, as the host does.
+    #[command(name = WORKER_COMMAND, hide = true)]
+    Worker,
 }
 
 /// A failure: one line for stderr, and the exit status.
@@ -131,6 +140,9 @@ struct Failure {
 /// A refusal (status 1).
 /// The hidden subcommand that probes one library.
 const PROBE_COMMAND: &str = "__probe-library";
+
+/// The hidden subcommand an isolated plugin's worker process runs.
+const WORKER_COMMAND: &str = "__worker";
 
 /// Runs this very binary's probe subcommand per library.
 fn prober() -> Result<Prober, Failure> {
@@ -156,6 +168,12 @@ fn main() -> ExitCode {
     // reads that one line (and survives whatever the library does while it loads).
     if let Command::ProbeLibrary { library, config_file } = &cli.command {
         return probe::answer(library, config_file.as_deref());
+    }
+    if let Command::Worker = cli.command {
+        return history_engine::isolate::worker::serve();
+    }
+    if let Ok(program) = std::env::current_exe() {
+        history_engine::isolate::set_worker_command(program, [WORKER_COMMAND]);
     }
     let mut out = Output::take_stdout();
     // `check` and every edit load plugins, whose code can exit too.
@@ -200,7 +218,7 @@ fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
         Command::Plugins => return plugins(out, file, json),
         Command::Check => return check(out, file, json),
         Command::Install { library, force } => return install(out, file, &library, force, json, guard),
-        Command::ProbeLibrary { .. } => unreachable!("answered before anything else runs"),
+        Command::ProbeLibrary { .. } | Command::Worker => unreachable!("answered before anything else runs"),
         Command::HistoryChainAdd { name, at, view } => {
             let at = at
                 .map(|at| number(&at, "history-chain-add --at POS"))
@@ -217,6 +235,8 @@ fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
         Command::HistoryUnrequire { name } => Edit::Unrequire { name },
         Command::PluginSet { name, key, value } => Edit::PluginSet { name, key, value },
         Command::PluginUnset { name, key } => Edit::PluginUnset { name, key },
+        Command::HistoryIsolate { name } => Edit::Isolate { name },
+        Command::HistoryUnisolate { name } => Edit::Unisolate { name },
         Command::HistoryMaxctx { n } => Edit::MaxCtx(number(&n, "history-maxctx N")?),
         Command::MaxUsers { n } => Edit::MaxUsers(number(&n, "max-users N")?),
         Command::SessionTimeout { minutes } => {

@@ -72,6 +72,7 @@ pub fn history_list(
                 "available": problem.is_none(),
                 "problem": problem,
                 "required": config.is_required(name),
+                "isolated": config.is_isolated(name),
             }));
         }
         entries
@@ -96,6 +97,15 @@ pub fn history_list(
             "(none)".to_string()
         } else {
             config.required.join(", ")
+        }
+    );
+    let _ = writeln!(
+        text,
+        "isolated (run in a worker process): {}",
+        if config.isolate.is_empty() {
+            "(none)".to_string()
+        } else {
+            config.isolate.join(", ")
         }
     );
     let _ = writeln!(text, "models:");
@@ -167,6 +177,7 @@ pub fn history_list(
         "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
         "on_plugin_error": config.on_plugin_error.as_str(),
         "required": config.required,
+        "isolate": config.isolate,
         "models": models_json,
         "available": available_json,
         "discovery_error": statuses.as_ref().err().map(|e| e.to_string()),
@@ -201,6 +212,7 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
     let file_width = statuses.iter().map(|s| file_name(s).len()).max().unwrap_or(0);
     for status in statuses {
         let enabled = match status.position {
+            Some(p) if config.is_isolated(&status.name) => format!("enabled ({p}), isolated"),
             Some(p) => format!("enabled ({p})"),
             None => "not enabled".to_string(),
         };
@@ -238,6 +250,7 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
             "enabled": s.enabled,
             "position": s.position.map(|p| p.position),
             "list": s.position.map(|p| p.list()),
+            "isolated": config.is_isolated(&s.name),
             "description": s.summary,
         })).collect::<Vec<_>>(),
     });
@@ -262,6 +275,13 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
             "plugin {} {} ({place}): {state}",
             plugin.name,
             plugin.version.as_deref().unwrap_or("-")
+        );
+    }
+    if !report.isolate.is_empty() {
+        let _ = writeln!(
+            text,
+            "isolated (run in a worker process): {}",
+            report.isolate.join(", ")
         );
     }
     for run in &report.runs {
@@ -303,6 +323,7 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
         "ok": report.ok(),
         "problems": report.problems,
         "warnings": report.warnings,
+        "isolate": report.isolate,
         "plugins": report.plugins.iter().map(|p| json!({
             "name": p.name,
             "version": p.version,

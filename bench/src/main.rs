@@ -37,6 +37,7 @@
 //! - **peak RSS** of the process after the replays (VmHWM).
 
 mod big;
+mod isolated;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,7 @@ fn main() -> ExitCode {
         Some("gen-history") => gen_history(&args[1..]),
         Some("run") => run(&args[1..]),
         Some("big") => big::big(&args[1..]),
+        Some("isolated") => isolated::isolated(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
     };
     match result {
@@ -109,6 +111,9 @@ usage: history-bench <command>
   big --host FILE --plugin-dir DIR [--case NAME]
                                         huge inputs through history-host process:
                                         time, exit status, peak RSS
+  isolated --host FILE --plugin-dir DIR [--calls N] [--json]
+                                        a plugin's call in a worker process against
+                                        in-process, at 1,000 messages
 ";
 
 /// The value after flag `name`, parsed.

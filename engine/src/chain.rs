@@ -13,6 +13,7 @@ use plugin_api::{
 use crate::check::check_stage;
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
+use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
 use crate::loader::{Catalog, PluginLibrary, Unavailable};
 use crate::{logging, services, tokens, turns};
 
@@ -20,11 +21,19 @@ use crate::{logging, services, tokens, turns};
 pub struct Stage {
     pub name: String,
     pub version: String,
-    /// Shared with a call left running past the deadline, which may outlive the chain.
-    instance: Arc<PluginBox>,
+    runner: Runner,
     /// Set when a call ran past `plugin_timeout_ms`: the stage is skipped from then on,
     /// until the chain is reloaded (docs/chain.md#deadline).
     quarantined: AtomicBool,
+}
+
+/// Where a stage's plugin runs.
+enum Runner {
+    /// In this process. Shared with a call left running past the deadline, which may
+    /// outlive the chain.
+    InProcess(Arc<PluginBox>),
+    /// In worker processes (`[history] isolate`, docs/chain.md#isolation).
+    Isolated(IsolatedPlugin),
 }
 
 impl Stage {
@@ -32,8 +41,31 @@ impl Stage {
         Stage {
             name,
             version,
-            instance: Arc::new(instance),
+            runner: Runner::InProcess(Arc::new(instance)),
             quarantined: AtomicBool::new(false),
+        }
+    }
+
+    fn isolated(name: String, plugin: IsolatedPlugin) -> Stage {
+        Stage {
+            name,
+            version: plugin.version().to_string(),
+            runner: Runner::Isolated(plugin),
+            quarantined: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the plugin runs in a worker process (`[history] isolate`).
+    pub fn is_isolated(&self) -> bool {
+        matches!(self.runner, Runner::Isolated(_))
+    }
+
+    /// For an isolated plugin, how many worker processes it has started so far: the first,
+    /// and one for each that died or was killed (or for calls at once).
+    pub fn worker_starts(&self) -> Option<u64> {
+        match &self.runner {
+            Runner::Isolated(plugin) => Some(plugin.worker_starts()),
+            Runner::InProcess(_) => None,
         }
     }
 
@@ -363,15 +395,24 @@ impl Chain {
             report.skipped = Some(message);
             return Ok(report);
         }
-        let result = match (self.deadline, shared_ctx) {
-            (Some(limit), Some(shared_ctx)) => {
-                let result = self.call_with_deadline(stage, state, shared_ctx, call, limit);
+        let result = match (&stage.runner, self.deadline, shared_ctx) {
+            // Past the deadline its worker is killed: nothing is left running, so an
+            // isolated plugin is not quarantined.
+            (Runner::Isolated(plugin), ..) => {
+                let switch = match call {
+                    Call::Process => None,
+                    Call::ModelSwitch { old, new } => Some((old, new)),
+                };
+                plugin.call(&state.history, ctx, switch, self.deadline)
+            }
+            (Runner::InProcess(instance), Some(limit), Some(shared_ctx)) => {
+                let result = self.call_with_deadline(stage, instance, state, shared_ctx, call, limit);
                 report.quarantined = stage.is_quarantined();
                 result
             }
-            _ => logging::with_plugin(&stage.name, || {
-                call_instance(&stage.instance, &state.history, ctx, call)
-            }),
+            (Runner::InProcess(instance), ..) => {
+                logging::with_plugin(&stage.name, || call_instance(instance, &state.history, ctx, call))
+            }
         };
         let history = &state.history;
         // Identities are unique here (assign_origins), as check_stage requires.
@@ -427,6 +468,7 @@ impl Chain {
     fn call_with_deadline(
         &self,
         stage: &Stage,
+        instance: &Arc<PluginBox>,
         state: &mut RunState,
         ctx: &Arc<Context>,
         call: Call<'_>,
@@ -436,12 +478,8 @@ impl Chain {
         // reference is dropped before it answers, so it is ours alone again after.
         let input = Arc::new(std::mem::take(&mut state.history));
         let job = {
-            let (input, ctx, instance, name) = (
-                input.clone(),
-                ctx.clone(),
-                stage.instance.clone(),
-                stage.name.clone(),
-            );
+            let (input, ctx, instance, name) =
+                (input.clone(), ctx.clone(), instance.clone(), stage.name.clone());
             let call = OwnedCall::of(call);
             Box::new(move || {
                 logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
@@ -531,6 +569,10 @@ fn load_stages(
 ) -> Result<Vec<Stage>, ConfigError> {
     let mut stages = Vec::with_capacity(names.len());
     for name in names {
+        if config.is_isolated(name) {
+            stages.push(load_isolated(config, catalog, list, name)?);
+            continue;
+        }
         let library = catalog.library(name).map_err(|unavailable| {
             let line = config.history_key_line(list);
             let message = match unavailable {
@@ -554,6 +596,55 @@ fn load_stages(
     Ok(stages)
 }
 
+/// An isolated stage (`[history] isolate`): its first worker started, which loads the
+/// library named for it in `plugin_dir` (never mapped here) and builds the plugin with its
+/// table. The errors are the ones an in-process load gives, and a worker that dies while
+/// it loads is this plugin's refusal.
+fn load_isolated(config: &Config, catalog: &Catalog, list: &str, name: &str) -> Result<Stage, ConfigError> {
+    let cannot_load = |why: String| {
+        config.error(
+            config.history_key_line(list),
+            format!("plugin \"{name}\" in the {list} cannot be loaded: {why}"),
+        )
+    };
+    let Some(file) = catalog.file(name) else {
+        return Err(config.error(
+            config.history_key_line(list),
+            format!(
+                "plugin \"{name}\" in the {list} is not available in {} (available: {})",
+                config.plugin_dir.display(),
+                catalog.available_names()
+            ),
+        ));
+    };
+    if let Some(refusal) = file.refusal() {
+        return Err(cannot_load(refusal.to_string()));
+    }
+    let load = load_context(config, name);
+    let request = LoadRequest {
+        config_json: &load.config_json,
+        agent_max_ctx: load.agent_max_ctx,
+        models: &load.models,
+    };
+    match IsolatedPlugin::start(name, &file.target, request) {
+        Ok(plugin) => Ok(Stage::isolated(name.to_string(), plugin)),
+        Err(StartFailure::NoCommand) => Err(config.error(
+            config.history_key_line("isolate"),
+            format!("plugin \"{name}\" is isolated, but this program cannot run worker processes (history-host and agentctl can)"),
+        )),
+        Err(StartFailure::Refused { reason, detail }) => {
+            if !detail.is_empty() {
+                tracing::debug!("{}: {detail}", file.path.display());
+            }
+            Err(cannot_load(format!("refused plugin library {}: {reason}", file.path.display())))
+        }
+        Err(StartFailure::Config(err)) => Err(table_error(config, name, &err)),
+        Err(StartFailure::Failed(why) | StartFailure::Late(why)) => {
+            Err(cannot_load(format!("{}: {why}", file.path.display())))
+        }
+    }
+}
+
 /// Builds an instance of `library` with its `[plugin.NAME]` table, the plugin validating
 /// it (what `agentctl plugins` and `check` report per plugin). The error names the table,
 /// the key and its line.
@@ -563,17 +654,20 @@ pub(crate) fn instantiate_library(
 ) -> Result<PluginBox, ConfigError> {
     let name = library.name.as_str();
     let load = load_context(config, name);
-    logging::with_plugin(name, || library.instantiate(&load)).map_err(|err| {
-        let line = config
-            .plugin_key_line(name, &err.key)
-            .or_else(|| config.history_key_line("chain"));
-        let place = if err.key.is_empty() {
-            format!("[plugin.{name}]")
-        } else {
-            format!("[plugin.{name}] {}", echo::bare(&err.key))
-        };
-        config.error(line, format!("{place}: {}", echo::text(&err.message)))
-    })
+    logging::with_plugin(name, || library.instantiate(&load)).map_err(|err| table_error(config, name, &err))
+}
+
+/// A plugin's refusal of its table: the table, the key and its line.
+fn table_error(config: &Config, name: &str, err: &plugin_api::ConfigError) -> ConfigError {
+    let line = config
+        .plugin_key_line(name, &err.key)
+        .or_else(|| config.history_key_line("chain"));
+    let place = if err.key.is_empty() {
+        format!("[plugin.{name}]")
+    } else {
+        format!("[plugin.{name}] {}", echo::bare(&err.key))
+    };
+    config.error(line, format!("{place}: {}", echo::text(&err.message)))
 }
 
 fn log_events(plugin: &str, events: &[Event]) {

@@ -125,6 +125,10 @@ pub struct Config {
     /// `[history] required`: plugins whose fault fails the turn even under
     /// `on_plugin_error = "skip"` (each one in the chain or the view).
     pub required: Vec<String>,
+    /// `[history] isolate`: plugins that run in a worker process of their own, so an
+    /// abort, an exit or a crash in them ends the worker, not the host (each one in the
+    /// chain or the view; docs/chain.md#isolation).
+    pub isolate: Vec<String>,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
     /// `[plugin.*]` in file order.
@@ -392,6 +396,7 @@ impl Config {
             OnPluginError::Skip,
             Vec::new(),
         );
+        let mut isolate = Vec::new();
         let mut plugin_timeout_ms = DEFAULT_PLUGIN_TIMEOUT_MS;
         if let Some(history) = reader.table(root, "history", "the top level")? {
             let place = "[history]";
@@ -405,6 +410,7 @@ impl Config {
                     "on_plugin_error",
                     "plugin_timeout_ms",
                     "required",
+                    "isolate",
                 ],
             )?;
             plugin_timeout_ms = reader
@@ -456,6 +462,18 @@ impl Config {
                         "required",
                         format!(
                             "plugin \"{name}\" in `required` is in neither the chain nor the view: a required plugin must run"
+                        ),
+                    ));
+                }
+            }
+            if let Some(item) = history.get("isolate") {
+                isolate = parse_plugin_list(&reader, history, "isolate", item)?;
+                if let Some(name) = isolate.iter().find(|n| !chain.contains(n) && !view.contains(n)) {
+                    return Err(reader.key_error(
+                        history,
+                        "isolate",
+                        format!(
+                            "plugin \"{name}\" in `isolate` is in neither the chain nor the view: only a plugin that runs can be isolated"
                         ),
                     ));
                 }
@@ -530,6 +548,7 @@ impl Config {
             on_plugin_error,
             plugin_timeout_ms,
             required,
+            isolate,
             models,
             plugins,
             source,
@@ -552,6 +571,11 @@ impl Config {
     /// whatever `on_plugin_error` says.
     pub fn is_required(&self, name: &str) -> bool {
         self.required.iter().any(|n| n == name)
+    }
+
+    /// Whether plugin `name` is in `[history] isolate`: it runs in a worker process.
+    pub fn is_isolated(&self, name: &str) -> bool {
+        self.isolate.iter().any(|n| n == name)
     }
 
     /// The settings a call on model `name` gets: the listed table, keys it lacks from
@@ -1002,6 +1026,27 @@ mod tests {
             err.message.contains("`required` in [history] must be an array"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn isolated_plugins_must_run() {
+        let config =
+            parse("[history]\nchain = [\"default\", \"a\"]\nview = [\"v\"]\nisolate = [\"a\", \"v\"]\n")
+                .unwrap();
+        assert_eq!(config.isolate, ["a", "v"]);
+        assert!(config.is_isolated("v") && !config.is_isolated("default"));
+        assert!(parse("").unwrap().isolate.is_empty());
+        let err = parse("[history]\nchain = [\"default\", \"a\"]\n\nisolate = [\"b\"]\n").unwrap_err();
+        assert_eq!(err.line, Some(4));
+        assert!(
+            err.message
+                .contains("plugin \"b\" in `isolate` is in neither the chain nor the view"),
+            "{err}"
+        );
+        let err = parse("[history]\nisolate = [\"default\", \"default\"]\n").unwrap_err();
+        assert!(err.message.contains("listed twice in the isolate"), "{err}");
+        let err = parse("[history]\nisolate = [\"../x\"]\n").unwrap_err();
+        assert!(err.message.contains("not a plugin name"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! - [`expand`]: restoring a compacted or omitted message's original content;
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
 //!   `agentctl check` reports;
+//! - [`isolate`]: plugins run in a worker process (`[history] isolate`), and the worker;
 //! - [`logging`]: the callback plugins log through;
 //! - [`shadow`] and [`reload`]: what a host that reloads its chain needs: libraries
 //!   loaded from shadow copies, a new chain loaded and checked beside the running one,
@@ -36,6 +37,7 @@ mod deadline;
 pub mod document;
 mod elf;
 pub mod expand;
+pub mod isolate;
 mod loader;
 pub mod logging;
 pub mod output;

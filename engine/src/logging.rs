@@ -20,17 +20,19 @@ pub(crate) fn with_plugin<R>(plugin: &str, f: impl FnOnce() -> R) -> R {
 
 /// Writes a plugin's log line (the host services' `log`), naming the running plugin.
 pub extern "C" fn plugin_log(level: LogLevel, message: RStr<'_>) {
-    CURRENT_PLUGIN.with(|plugin| {
-        let plugin = plugin.borrow();
-        // A plugin's line stays one line: no newline or escape sequence gets through.
-        let message = echo::text(message.as_str());
-        match level {
-            LogLevel::Error => tracing::error!(plugin = %plugin, "{message}"),
-            LogLevel::Warn => tracing::warn!(plugin = %plugin, "{message}"),
-            LogLevel::Info => tracing::info!(plugin = %plugin, "{message}"),
-            LogLevel::Debug => tracing::debug!(plugin = %plugin, "{message}"),
-        }
-    });
+    CURRENT_PLUGIN.with(|plugin| log_plugin_line(&plugin.borrow(), level, message.as_str()));
+}
+
+/// Writes a log line of plugin `plugin` (also one an isolated plugin's worker sent).
+pub(crate) fn log_plugin_line(plugin: &str, level: LogLevel, message: &str) {
+    // A plugin's line stays one line: no newline or escape sequence gets through.
+    let message = echo::text(message);
+    match level {
+        LogLevel::Error => tracing::error!(plugin = %plugin, "{message}"),
+        LogLevel::Warn => tracing::warn!(plugin = %plugin, "{message}"),
+        LogLevel::Info => tracing::info!(plugin = %plugin, "{message}"),
+        LogLevel::Debug => tracing::debug!(plugin = %plugin, "{message}"),
+    }
 }
 
 /// Makes a panic (a bug) end in one line on stderr, `PROGRAM: internal error: …`, never a

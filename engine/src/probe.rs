@@ -220,7 +220,7 @@ fn died(status: ExitStatus, errors: &str) -> String {
 }
 
 #[cfg(unix)]
-fn signal_name(signal: i32) -> Option<&'static str> {
+pub(crate) fn signal_name(signal: i32) -> Option<&'static str> {
     Some(match signal {
         libc::SIGBUS => "SIGBUS",
         libc::SIGSEGV => "SIGSEGV",

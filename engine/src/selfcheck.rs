@@ -184,6 +184,8 @@ pub struct CheckReport {
     pub warnings: Vec<String>,
     pub plugins: Vec<PluginCheck>,
     pub runs: Vec<SampleRun>,
+    /// `[history] isolate`: the plugins the sample runs called in a worker process.
+    pub isolate: Vec<String>,
 }
 
 impl CheckReport {
@@ -210,6 +212,7 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
             return report;
         }
     };
+    report.isolate = config.isolate.clone();
     let catalog = match Catalog::discover(&config.plugin_dir) {
         Ok(catalog) => catalog,
         Err(err) => {

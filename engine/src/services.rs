@@ -13,11 +13,11 @@ use plugin_api::{HostServices, HostServicesRef, Message, Tokenizer};
 
 use crate::{logging, tokens};
 
-extern "C" fn count_text(tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
+pub(crate) extern "C" fn count_text(tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
     tokens::count_item(tokenizer, text.as_str())
 }
 
-extern "C" fn count_content(tokenizer: Tokenizer, message: &Message) -> u64 {
+pub(crate) extern "C" fn count_content(tokenizer: Tokenizer, message: &Message) -> u64 {
     tokens::content_tokens(tokenizer, message)
 }
 
@@ -26,7 +26,7 @@ extern "C" fn count_content(tokenizer: Tokenizer, message: &Message) -> u64 {
 /// call.
 pub const NO_SUMMARIZER: &str = "no summarizer is configured ([summarizer] in plugins-enabled.toml)";
 
-extern "C" fn summarize(
+pub(crate) extern "C" fn summarize(
     _text: RStr<'_>,
     _target_chars: u64,
     _purpose: RStr<'_>,

@@ -83,8 +83,13 @@ fn allowed(generated: &Generated, edit: &Edit, config: &Config) -> Option<Range<
         Edit::MaxCtx(_) => one(generated.agent_max_ctx),
         Edit::MaxUsers(_) => one(generated.max_users),
         Edit::SessionTimeout(_) => one(generated.session_timeout),
-        Edit::Require { .. } | Edit::Unrequire { .. } | Edit::PluginSet { .. } | Edit::PluginUnset { .. } => {
-            unreachable!("the generator makes no `required` or plugin-table edits")
+        Edit::Require { .. }
+        | Edit::Unrequire { .. }
+        | Edit::PluginSet { .. }
+        | Edit::PluginUnset { .. }
+        | Edit::Isolate { .. }
+        | Edit::Unisolate { .. } => {
+            unreachable!("the generator makes no `required`, `isolate` or plugin-table edits")
         }
     }
 }
@@ -136,6 +141,8 @@ fn check_result(edit: &Edit, before: &Config, after: &Config) {
                 .any(|t| &t.name == name && t.json.get(key).is_some()),
             "unset"
         ),
+        Edit::Isolate { name } => assert!(after.isolate.contains(name), "isolated"),
+        Edit::Unisolate { name } => assert!(!after.isolate.contains(name), "not isolated"),
     }
     let lists_kept = matches!(
         edit,

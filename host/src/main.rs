@@ -112,7 +112,14 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         store: Option<PathBuf>,
     },
+    /// Internal: serve one isolated plugin's calls over stdin and stdout
+    /// (`[history] isolate`, docs/chain.md#isolation). The host runs it, never a person.
+    #[command(name = WORKER_COMMAND, hide = true)]
+    Worker,
 }
+
+/// The hidden subcommand an isolated plugin's worker process runs.
+const WORKER_COMMAND: &str = "worker";
 
 /// An error with its exit status.
 struct Failure {
@@ -130,6 +137,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage(err),
     };
+    if let Command::Worker = cli.command {
+        return history_engine::isolate::worker::serve();
+    }
+    // Isolated plugins run in this very binary's worker subcommand.
+    if let Ok(program) = std::env::current_exe() {
+        history_engine::isolate::set_worker_command(program, [WORKER_COMMAND]);
+    }
     // The service and the terminal session run for long and own their output: they are
     // not one run whose result is written at the end.
     let command = match cli.command {
@@ -188,7 +202,7 @@ fn main() -> ExitCode {
             },
         ),
         Command::Expand { index, id, input } => expand(&mut out, index, id.as_deref(), &input),
-        Command::Serve { .. } | Command::Chat { .. } => unreachable!("run above"),
+        Command::Serve { .. } | Command::Chat { .. } | Command::Worker => unreachable!("run above"),
     }));
     guard.disarm();
     match result {

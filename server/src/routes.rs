@@ -408,6 +408,8 @@ async fn chain(State(app): State<App>) -> Json<Value> {
             "skipped": totals.skipped,
             "failed": totals.failed,
             "quarantined": s.is_quarantined(),
+            // Isolated plugins (docs/chain.md#isolation): worker processes started so far.
+            "worker_starts": s.worker_starts(),
         })
     };
     let stages: Vec<Value> = chain

@@ -8,7 +8,7 @@
 //!                                      standalone crate in D)
 //! cargo xtask gen-history [--turns N] [--seed S]
 //!                                      print a generated agent history (JSON array)
-//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R] | --big [--case C]
+//! cargo xtask bench [--json] [--input FILE] [--max-tokens K] [--runs R] | --big [--case C] | --isolated
 //!                                      build everything in release, install the plugins
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
@@ -89,6 +89,8 @@ usage: cargo xtask <task>
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
                               build in release, install into target/bench-plugins and
                               measure the chain against its floor
+  bench --isolated [--calls N] the same build, then an isolated plugin's call against
+                              in-process at 1,000 messages (docs/chain.md#isolation)
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
   fuzz [--time S] [--target NAME] [--seed N]
@@ -279,6 +281,22 @@ fn bench(args: &[String]) -> Result<()> {
         return history_bench(
             &root,
             &["big", "--host", &host, "--plugin-dir", &plugin_dir],
+            &rest,
+        );
+    }
+    if let Some(at) = args.iter().position(|a| a == "--isolated") {
+        // An isolated plugin's call against the same call in-process
+        // (bench/src/isolated.rs), its worker the release host.
+        let mut rest = args.to_vec();
+        rest.remove(at);
+        let host = metadata
+            .target_dir
+            .join("release/history-host")
+            .display()
+            .to_string();
+        return history_bench(
+            &root,
+            &["isolated", "--host", &host, "--plugin-dir", &plugin_dir],
             &rest,
         );
     }

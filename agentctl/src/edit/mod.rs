@@ -65,6 +65,11 @@ pub enum Edit {
     },
     /// Remove `key` from `[plugin.NAME]` (the plugin's default applies again).
     PluginUnset { name: String, key: String },
+    /// Add `name` (in the chain or the view) to `[history] isolate`: it runs in a worker
+    /// process, so its crash ends the worker, not the host.
+    Isolate { name: String },
+    /// Remove `name` from `[history] isolate`.
+    Unisolate { name: String },
 }
 
 impl Edit {
@@ -320,21 +325,7 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
         Edit::Require { name } => {
             check_name(name)?;
             holding(&config, name)?;
-            let mut after = config.required.clone();
-            if !config.is_required(name) {
-                match named_array(&mut document, "required") {
-                    Some(array) => {
-                        let layout = Layout::of(array);
-                        insert_entry(array, after.len(), name, "", &layout, newline);
-                    }
-                    None if config.required.is_empty() => {
-                        history_table(&mut document)
-                            .insert("required", toml_edit::value(Array::from_iter([name])));
-                    }
-                    None => return Err(no_array(file, "required")),
-                }
-                after.push(name.clone());
-            }
+            let after = add_named(&mut document, file, "required", &config.required, name, newline)?;
             format!("required: {}", after.join(", "))
         }
         Edit::PluginSet { name, key, value } => {
@@ -352,23 +343,26 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
         }
         Edit::Unrequire { name } => {
             check_name(name)?;
-            let Some(from) = config.required.iter().position(|n| n == name) else {
-                return Err(Refused(format!(
-                    "plugin \"{name}\" is not required (required: {})",
-                    List::View.shown(&config.required)
-                )));
-            };
-            let mut after = config.required.clone();
-            after.remove(from);
-            if after.is_empty() {
-                // The last one: the key goes, as if it had never been added.
-                history_table(&mut document).remove("required");
-            } else {
-                let array =
-                    named_array(&mut document, "required").ok_or_else(|| no_array(file, "required"))?;
-                remove_entry(array, from);
-            }
+            let after = remove_named(
+                &mut document,
+                file,
+                "required",
+                &config.required,
+                name,
+                "required",
+            )?;
             format!("required: {}", List::View.shown(&after))
+        }
+        Edit::Isolate { name } => {
+            check_name(name)?;
+            holding(&config, name)?;
+            let after = add_named(&mut document, file, "isolate", &config.isolate, name, newline)?;
+            format!("isolate: {}", after.join(", "))
+        }
+        Edit::Unisolate { name } => {
+            check_name(name)?;
+            let after = remove_named(&mut document, file, "isolate", &config.isolate, name, "isolated")?;
+            format!("isolate: {}", List::View.shown(&after))
         }
     };
     let text = keep_untouched_lines(source, &document.to_string());
@@ -378,6 +372,61 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
         summary
     };
     Ok(Planned { text, summary })
+}
+
+/// Adds `name` to the `[history]` name list `key` (now `names`), creating the key when
+/// the file lacks it; returns the list after. A name already there changes nothing.
+fn add_named(
+    document: &mut DocumentMut,
+    file: &Path,
+    key: &str,
+    names: &[String],
+    name: &str,
+    newline: &str,
+) -> Result<Vec<String>, Refused> {
+    let mut after = names.to_vec();
+    if names.iter().any(|n| n == name) {
+        return Ok(after);
+    }
+    match named_array(document, key) {
+        Some(array) => {
+            let layout = Layout::of(array);
+            insert_entry(array, after.len(), name, "", &layout, newline);
+        }
+        None if names.is_empty() => {
+            history_table(document).insert(key, toml_edit::value(Array::from_iter([name])));
+        }
+        None => return Err(no_array(file, key)),
+    }
+    after.push(name.to_string());
+    Ok(after)
+}
+
+/// Removes `name` from the `[history]` name list `key` (now `names`); the key goes with its
+/// last name, as if it had never been added. Returns the list after.
+fn remove_named(
+    document: &mut DocumentMut,
+    file: &Path,
+    key: &str,
+    names: &[String],
+    name: &str,
+    state: &str,
+) -> Result<Vec<String>, Refused> {
+    let Some(from) = names.iter().position(|n| n == name) else {
+        return Err(Refused(format!(
+            "plugin \"{name}\" is not {state} ({key}: {})",
+            List::View.shown(names)
+        )));
+    };
+    let mut after = names.to_vec();
+    after.remove(from);
+    if after.is_empty() {
+        history_table(document).remove(key);
+    } else {
+        let array = named_array(document, key).ok_or_else(|| no_array(file, key))?;
+        remove_entry(array, from);
+    }
+    Ok(after)
 }
 
 fn no_list_array(file: &Path, list: List) -> Refused {

@@ -1,0 +1,253 @@
+//! The worker's side (docs/chain.md#isolation): one plugin, loaded in this process, serving
+//! the host's calls over stdin and stdout until the host closes stdin.
+//!
+//! The pipes are the worker's, not the plugin's: they are moved to descriptors of their
+//! own at start, fd 0 then reads `/dev/null` and fd 1 points at stderr, so a plugin that
+//! reads stdin, prints or closes fd 1 cannot touch the frames (as `output` keeps the
+//! host's stdout). The plugin's log lines go back to the host as frames, which logs them
+//! under the plugin's name; token counts and summaries are this process's own services,
+//! the same code as the host's.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::FromRawFd;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use abi_stable::{prefix_type::WithMetadata, staticref};
+use plugin_api::{
+    HostServices, HostServicesRef, LoadContext, LogLevel, Message, PluginBox, RArc, RResult, RSlice, RStr,
+};
+use rustc_hash::FxHashMap;
+
+use super::codec::{Decoded, Decoder, Encoder, Malformed};
+use super::framing::{self, FrameReader, ReadFailure};
+use crate::loader::PluginLibrary;
+use crate::services;
+
+/// Where frames go: the real stdout, shared by the call's answer and the plugin's log
+/// lines (which may come from any thread the plugin starts).
+static FRAMES_OUT: Mutex<Option<File>> = Mutex::new(None);
+
+fn send(frame: Encoder) -> io::Result<()> {
+    let mut out = FRAMES_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    match out.as_mut() {
+        Some(file) => framing::send(file, frame),
+        None => Err(io::Error::new(io::ErrorKind::NotConnected, "no frame output")),
+    }
+}
+
+extern "C" fn log_to_host(level: LogLevel, message: RStr<'_>) {
+    let mut frame = framing::frame(framing::LOG);
+    frame.u8(level as u8);
+    frame.str(message.as_str());
+    // The host is gone if this fails; the call's answer will fail the same way.
+    let _ = send(frame);
+}
+
+struct Instance;
+
+impl Instance {
+    staticref!(const SERVICES: WithMetadata<HostServices> = WithMetadata::new(HostServices {
+        count_text: services::count_text,
+        count_content: services::count_content,
+        log: log_to_host,
+        summarize: services::summarize,
+    }));
+}
+
+/// The worker's services: the host's, with log lines sent to the host.
+const SERVICES: HostServicesRef = HostServicesRef(Instance::SERVICES.as_prefix());
+
+/// Moves `fd` to a new close-on-exec descriptor and points `fd` at `replacement`.
+fn take_fd(fd: i32, replacement: i32) -> io::Result<File> {
+    // SAFETY: plain descriptor calls; the new descriptor is owned by the File alone.
+    unsafe {
+        let kept = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
+        if kept < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let file = File::from_raw_fd(kept);
+        if libc::dup2(replacement, fd) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(file)
+    }
+}
+
+/// Ends this worker when the host that started it is gone, even while the plugin is
+/// stuck in a call (no end of file on stdin would be read then).
+fn watch_parent() {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let _ = std::thread::Builder::new()
+        .name("worker-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(500));
+            // SAFETY: as above; _exit ends the process without running the plugin's code.
+            unsafe {
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+            }
+        });
+}
+
+/// The worker: what a binary's hidden `worker` subcommand runs (`history-host worker`,
+/// docs/chain.md#isolation). Returns when the host closes the pipe (0) or breaks the
+/// protocol (1).
+pub fn serve() -> ExitCode {
+    let _ = io::stdout().flush();
+    let pipes = (|| {
+        // SAFETY: opens /dev/null for the plugin's fd 0.
+        let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let input = take_fd(libc::STDIN_FILENO, null)?;
+        // SAFETY: closes the descriptor opened just above (fd 0 keeps its copy).
+        unsafe { libc::close(null) };
+        let output = take_fd(libc::STDOUT_FILENO, libc::STDERR_FILENO)?;
+        Ok::<_, io::Error>((input, output))
+    })();
+    let (input, output) = match pipes {
+        Ok(pipes) => pipes,
+        Err(err) => {
+            crate::output::error_line("worker", &format!("cannot set up its pipes: {err}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    *FRAMES_OUT.lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
+    watch_parent();
+    let mut requests = FrameReader::new(input);
+    let mut plugin: Option<PluginBox> = None;
+    loop {
+        let frame = match requests.read(None) {
+            Ok(frame) => frame,
+            Err(ReadFailure::Closed) => return ExitCode::SUCCESS,
+            Err(_) => return ExitCode::FAILURE,
+        };
+        let answered = match (frame.kind(), plugin.as_ref()) {
+            (framing::LOAD, None) => match load(frame.payload()) {
+                Ok((instance, answer)) => {
+                    plugin = instance;
+                    send(answer)
+                }
+                Err(_) => return ExitCode::FAILURE,
+            },
+            (framing::CALL, Some(instance)) => match call(instance, frame.payload()) {
+                Ok(answer) => send(answer),
+                Err(_) => return ExitCode::FAILURE,
+            },
+            _ => return ExitCode::FAILURE,
+        };
+        if answered.is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+}
+
+/// Loads the library and builds the plugin, by the host's own loader and checks.
+fn load(payload: &[u8]) -> Decoded<(Option<PluginBox>, Encoder)> {
+    let mut request = Decoder::new(payload);
+    let path = request.str()?.to_string();
+    let expected = request.str()?.to_string();
+    let config_json = request.string()?;
+    let agent_max_ctx = request.u64()?;
+    let models = (0..request.len()?)
+        .map(|_| request.model())
+        .collect::<Decoded<Vec<_>>>()?;
+    request.finish()?;
+    let library = match PluginLibrary::load(Path::new(&path)) {
+        Ok(library) => library,
+        Err(refusal) => {
+            let mut answer = framing::frame(framing::REFUSED);
+            answer.str(&refusal.reason);
+            answer.str(refusal.detail.as_deref().unwrap_or(""));
+            return Ok((None, answer));
+        }
+    };
+    if library.name != expected {
+        let mut answer = framing::frame(framing::REFUSED);
+        answer.str(&format!(
+            "it exports the name \"{}\", not \"{expected}\" as its file name says",
+            library.name
+        ));
+        answer.str("");
+        return Ok((None, answer));
+    }
+    let load = LoadContext {
+        config_json,
+        agent_max_ctx,
+        models: models.into(),
+        services: SERVICES,
+    };
+    Ok(match library.instantiate(&load) {
+        Ok(instance) => {
+            let mut answer = framing::frame(framing::LOADED);
+            answer.str(&library.name);
+            answer.str(&library.version);
+            (Some(instance), answer)
+        }
+        Err(err) => {
+            let mut answer = framing::frame(framing::CONFIG_ERROR);
+            answer.str(&err.key);
+            answer.str(&err.message);
+            (None, answer)
+        }
+    })
+}
+
+/// One call: decodes the request, calls the plugin, encodes its answer. An output
+/// message that is an input message passed through is sent as its index.
+fn call(instance: &PluginBox, payload: &[u8]) -> Decoded<Encoder> {
+    let mut request = Decoder::new(payload);
+    let switch = match request.u8()? {
+        0 => None,
+        1 => Some((request.model()?, request.model()?)),
+        _ => return Err(Malformed("an unknown call".into())),
+    };
+    let ctx = request.context(SERVICES)?;
+    let count = request.len()?;
+    let mut history: Vec<RArc<Message>> = Vec::with_capacity(count);
+    for _ in 0..count {
+        history.push(request.message()?);
+    }
+    request.finish()?;
+    let input = RSlice::from_slice(&history);
+    let result = match &switch {
+        None => instance.process(input, &ctx),
+        Some((old, new)) => instance.on_model_switch(input, &ctx, old, new),
+    };
+    let output = match result {
+        RResult::ROk(output) => output,
+        RResult::RErr(message) => {
+            let mut answer = framing::frame(framing::ERROR);
+            answer.str(&message);
+            return Ok(answer);
+        }
+    };
+    let positions: FxHashMap<*const Message, usize> = history
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (&**m as *const Message, i))
+        .collect();
+    let mut answer = framing::frame(framing::OUTPUT);
+    answer.len(output.history.len());
+    for message in output.history.iter() {
+        match positions.get(&(&**message as *const Message)) {
+            Some(&index) => {
+                answer.u8(framing::SAME);
+                answer.len(index);
+            }
+            None => {
+                answer.u8(framing::MADE);
+                answer.message(message);
+            }
+        }
+    }
+    answer.len(output.events.len());
+    for event in output.events.iter() {
+        answer.event(event);
+    }
+    Ok(answer)
+}
