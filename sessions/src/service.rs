@@ -144,6 +144,12 @@ impl Store for LockedStore<'_> {
     fn check_writable(&self) -> Result<(), StoreError> {
         self.store.check_writable()
     }
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.store.summary(key)
+    }
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
+        self.store.put_summary(key, summary)
+    }
 }
 
 impl Store for TimedStore {
@@ -170,6 +176,12 @@ impl Store for TimedStore {
     }
     fn check_writable(&self) -> Result<(), StoreError> {
         self.inner.check_writable()
+    }
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.timed(|s| s.summary(key))
+    }
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
+        self.timed(|s| s.put_summary(key, summary))
     }
     fn shared(&self) -> bool {
         self.inner.shared()
@@ -237,10 +249,12 @@ impl Service {
         let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
             .map(Duration::from_millis)
             .unwrap_or(DEFAULT_TURN_WAIT);
-        let store = TimedStore {
+        let store: Arc<dyn Store> = Arc::new(TimedStore {
             inner: store::open(&store_path, turn_wait).map_err(|e| StartError(e.to_string()))?,
             metrics: metrics.clone(),
-        };
+        });
+        // The summarizer's answers are kept in the store, for every session and restart.
+        history_engine::summarizer::install_cache(Arc::new(store::StoreSummaries(store.clone())));
         let operations = store
             .shared()
             .then(|| Arc::new(tokio::sync::Semaphore::new(store::PgStore::MAX_OPERATIONS)));
@@ -282,7 +296,7 @@ impl Service {
             config_file: options.config_file.clone(),
             config: RwLock::new(Arc::new(config)),
             chain: SharedChain::new(chain),
-            store: Arc::new(store),
+            store,
             store_path,
             slots: Mutex::new(slots),
             settings: RwLock::new(()),
