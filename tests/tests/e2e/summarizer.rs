@@ -292,3 +292,67 @@ fn a_served_text_is_summarized_once_across_turns_sessions_and_restarts(kind: Kin
 }
 
 e2e_tests::store_tests!(a_served_text_is_summarized_once_across_turns_sessions_and_restarts,);
+
+/// `default` + `summarize` over 1500 tokens keeping 600, the summarizer at `url`.
+fn summarize_config(url: &str) -> TestConfig {
+    TestConfig::new(&format!(
+        "[history]\nchain = [\"default\", \"summarize\"]\non_plugin_error = \"fail\"\nplugin_timeout_ms = 10000\n\
+         [summarizer]\nurl = \"{url}\"\nmodel = \"{MODEL}\"\ntimeout_ms = 5000\n\
+         [plugin.summarize]\ntrigger_tokens = 1500\nkeep_tokens = 600\ntarget_chars = 300\n"
+    ))
+}
+
+/// Turns `from..to` of a user question and a long answer.
+fn chat_turns(from: usize, to: usize) -> Vec<Value> {
+    (from..to)
+        .flat_map(|n| {
+            [
+                j!({"role": "user", "content": format!("Question {n}: what does /srv/app/file{n}.toml set?")}),
+                j!({"role": "assistant", "content": format!("File {n} sets {}", "port = 8080 and owner = Ada; ".repeat(6))}),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn the_running_summary_is_the_summarizers_and_folds_the_previous_one_in() {
+    let upstream = Upstream::start(Behaviour::default());
+    let config = summarize_config(&upstream.base_url());
+    let summaries = |out: &Value| -> Vec<Value> {
+        out.as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["metadata"]["summary_of"].is_array())
+            .cloned()
+            .collect()
+    };
+
+    let first = Value::Array(chat_turns(0, 30));
+    let (out, stderr) = process(&config, &first);
+    let found = summaries(&out);
+    assert_eq!(found.len(), 1, "{stderr}");
+    let content = found[0]["content"].as_str().unwrap();
+    assert!(content.ends_with(&format!("earlier messages]\n\n{ANSWER}")), "{content}");
+    assert!(stderr.contains("(summarizer)"), "the event says who wrote it: {stderr}");
+    let requests = chat_requests(&upstream);
+    assert_eq!(requests.len(), 1);
+    let sent = requests[0].json()["messages"][1]["content"].as_str().unwrap().to_string();
+    assert!(sent.contains("running summary of the earlier conversation"), "{sent}");
+    // The pinned task stays; the replaced messages are sent as `role: text` lines.
+    assert!(sent.contains("user: Question 1: what does /srv/app/file1.toml set?"), "{sent}");
+    assert!(!sent.contains("Question 0"), "{sent}");
+
+    // The next call: the output plus more turns. The earlier summary is folded into the
+    // new one, which is again the summarizer's.
+    let mut next = out.as_array().unwrap().clone();
+    next.extend(chat_turns(30, 60));
+    let (out, stderr) = process(&config, &Value::Array(next));
+    let found = summaries(&out);
+    assert_eq!(found.len(), 1, "one summary, run forward: {stderr}");
+    let requests = chat_requests(&upstream);
+    assert_eq!(requests.len(), 2);
+    let sent = requests[1].json()["messages"][1]["content"].as_str().unwrap().to_string();
+    assert!(sent.contains(&format!("(earlier summary) {ANSWER}")), "{sent}");
+    let content = found[0]["content"].as_str().unwrap();
+    assert!(content.ends_with(&format!("earlier messages]\n\n{ANSWER}")), "{content}");
+}
