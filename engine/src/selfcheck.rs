@@ -184,6 +184,19 @@ pub struct CheckReport {
     pub warnings: Vec<String>,
     pub plugins: Vec<PluginCheck>,
     pub runs: Vec<SampleRun>,
+    /// `[summarizer]`, when configured: what `check` can say without calling it.
+    pub summarizer: Option<SummarizerCheck>,
+}
+
+/// The configured summarizer as `check` sees it (it is not called: a check costs nothing).
+#[derive(Debug, Clone)]
+pub struct SummarizerCheck {
+    /// Where requests go: `URL/chat/completions`.
+    pub endpoint: String,
+    pub model: String,
+    pub timeout_ms: u64,
+    /// `api_key_env` and whether that variable is set here.
+    pub api_key_env: Option<(String, bool)>,
 }
 
 impl CheckReport {
@@ -210,6 +223,25 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
             return report;
         }
     };
+    report.summarizer = config.summarizer.as_ref().map(|s| SummarizerCheck {
+        endpoint: format!("{}/chat/completions", s.url),
+        model: s.model.clone(),
+        timeout_ms: s.timeout_ms,
+        api_key_env: s.api_key_env.as_ref().map(|name| {
+            (
+                name.clone(),
+                std::env::var_os(name).is_some_and(|v| !v.is_empty()),
+            )
+        }),
+    });
+    if let Some((name, false)) = report.summarizer.as_ref().and_then(|s| s.api_key_env.as_ref()) {
+        // The chain would not load here: `history-host` refuses an unset key variable.
+        report.problems.push(format!(
+            "{}:{}: [summarizer] api_key_env names {name}, which is not set in this environment",
+            config.file.display(),
+            config.summarizer_key_line("api_key_env").unwrap_or(0)
+        ));
+    }
     let catalog = match Catalog::discover(&config.plugin_dir) {
         Ok(catalog) => catalog,
         Err(err) => {

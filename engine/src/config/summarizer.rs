@@ -92,14 +92,16 @@ pub(super) fn read(
     };
     let api_key_env = match reader.string(table, "api_key_env", PLACE)? {
         Some(name) if is_env_name(name) => Some(name.to_string()),
-        Some(name) => return Err(reader.key_error(
-            table,
-            "api_key_env",
-            format!(
+        Some(name) => {
+            return Err(reader.key_error(
+                table,
+                "api_key_env",
+                format!(
                 "`api_key_env` in {PLACE} must name an environment variable (letters, digits, _), found {}",
                 echo::quoted(name)
             ),
-        )),
+            ))
+        }
         None => None,
     };
     let timeout_ms = reader

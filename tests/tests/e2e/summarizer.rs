@@ -332,14 +332,29 @@ fn the_running_summary_is_the_summarizers_and_folds_the_previous_one_in() {
     let found = summaries(&out);
     assert_eq!(found.len(), 1, "{stderr}");
     let content = found[0]["content"].as_str().unwrap();
-    assert!(content.ends_with(&format!("earlier messages]\n\n{ANSWER}")), "{content}");
-    assert!(stderr.contains("(summarizer)"), "the event says who wrote it: {stderr}");
+    assert!(
+        content.ends_with(&format!("earlier messages]\n\n{ANSWER}")),
+        "{content}"
+    );
+    assert!(
+        stderr.contains("(summarizer)"),
+        "the event says who wrote it: {stderr}"
+    );
     let requests = chat_requests(&upstream);
     assert_eq!(requests.len(), 1);
-    let sent = requests[0].json()["messages"][1]["content"].as_str().unwrap().to_string();
-    assert!(sent.contains("running summary of the earlier conversation"), "{sent}");
+    let sent = requests[0].json()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        sent.contains("running summary of the earlier conversation"),
+        "{sent}"
+    );
     // The pinned task stays; the replaced messages are sent as `role: text` lines.
-    assert!(sent.contains("user: Question 1: what does /srv/app/file1.toml set?"), "{sent}");
+    assert!(
+        sent.contains("user: Question 1: what does /srv/app/file1.toml set?"),
+        "{sent}"
+    );
     assert!(!sent.contains("Question 0"), "{sent}");
 
     // The next call: the output plus more turns. The earlier summary is folded into the
@@ -351,8 +366,47 @@ fn the_running_summary_is_the_summarizers_and_folds_the_previous_one_in() {
     assert_eq!(found.len(), 1, "one summary, run forward: {stderr}");
     let requests = chat_requests(&upstream);
     assert_eq!(requests.len(), 2);
-    let sent = requests[1].json()["messages"][1]["content"].as_str().unwrap().to_string();
+    let sent = requests[1].json()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(sent.contains(&format!("(earlier summary) {ANSWER}")), "{sent}");
     let content = found[0]["content"].as_str().unwrap();
-    assert!(content.ends_with(&format!("earlier messages]\n\n{ANSWER}")), "{content}");
+    assert!(
+        content.ends_with(&format!("earlier messages]\n\n{ANSWER}")),
+        "{content}"
+    );
+}
+
+#[test]
+fn agentctl_check_shows_the_summarizer_and_an_unset_key_variable_as_a_problem() {
+    let config = config("http://127.0.0.1:9/v1", MODEL, 5000);
+    let text = std::fs::read_to_string(&config.path).unwrap();
+    std::fs::write(
+        &config.path,
+        text.replace(
+            "timeout_ms = 5000\n",
+            "timeout_ms = 5000\napi_key_env = \"SUMMARIZER_CHECK_KEY\"\n",
+        ),
+    )
+    .unwrap();
+    let output = e2e_tests::agentctl(&config.path, &["check"], &[("SUMMARIZER_CHECK_KEY", "sk-x")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        stdout.contains(&format!(
+            "summarizer: http://127.0.0.1:9/v1/chat/completions model {MODEL}, key from SUMMARIZER_CHECK_KEY, timeout_ms 5000"
+        )),
+        "{stdout}"
+    );
+
+    let output = e2e_tests::agentctl(&config.path, &["check", "--json"], &[]);
+    assert!(!output.status.success(), "{}", describe(&output));
+    let value = json(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(value["summarizer"]["api_key_set"], false);
+    let problems = value["problems"].to_string();
+    assert!(
+        problems.contains(":10: [summarizer] api_key_env names SUMMARIZER_CHECK_KEY, which is not set"),
+        "{problems}"
+    );
 }
