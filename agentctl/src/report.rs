@@ -307,6 +307,28 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
             );
         }
     }
+    match &report.summarizer {
+        None => {
+            let _ = writeln!(
+                text,
+                "summarizer: none (plugins fall back: first characters, digests)"
+            );
+        }
+        Some(s) => {
+            let key = match &s.api_key_env {
+                None => "no API key".to_string(),
+                Some((name, true)) => format!("key from {name}"),
+                Some((name, false)) => format!("key from {name} (NOT SET)"),
+            };
+            let _ = writeln!(
+                text,
+                "summarizer: {} model {}, {key}, timeout_ms {}",
+                echo::bare(&s.endpoint),
+                echo::bare(&s.model),
+                s.timeout_ms
+            );
+        }
+    }
     for warning in &report.warnings {
         let _ = writeln!(text, "warning: {warning}");
     }
@@ -332,6 +354,13 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
             "ok": p.ok,
             "problem": p.problem,
         })).collect::<Vec<_>>(),
+        "summarizer": report.summarizer.as_ref().map(|s| json!({
+            "endpoint": s.endpoint,
+            "model": s.model,
+            "timeout_ms": s.timeout_ms,
+            "api_key_env": s.api_key_env.as_ref().map(|(name, _)| name),
+            "api_key_set": s.api_key_env.as_ref().map(|(_, set)| set),
+        })),
         "runs": report.runs.iter().map(|r| json!({
             "model": r.model,
             "effective_ctx": r.effective_ctx,

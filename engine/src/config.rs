@@ -8,6 +8,9 @@ use plugin_api::naming::is_plugin_name;
 use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
+mod summarizer;
+pub use summarizer::{SummarizerConfig, DEFAULT_SUMMARIZER_MAX_CHARS_IN, DEFAULT_SUMMARIZER_TIMEOUT_MS};
+
 /// Where the chain's plugins live when the file does not say.
 pub(crate) const DEFAULT_PLUGIN_DIR: &str = "target/plugins";
 pub(crate) const DEFAULT_MAX_USERS: u64 = 50;
@@ -113,6 +116,8 @@ pub struct Config {
     pub token_cache_entries: u64,
     /// `[upstream]`: the proxy's upstream, if configured.
     pub upstream: Option<UpstreamConfig>,
+    /// `[summarizer]`: the endpoint behind the plugins' `summarize` service, if configured.
+    pub summarizer: Option<SummarizerConfig>,
     pub agent_max_ctx: u64,
     /// `[history] chain`: its output is the working history, kept from turn to turn.
     pub chain: Vec<String>,
@@ -299,6 +304,7 @@ impl Config {
                 "max_body_mb",
                 "token_cache_entries",
                 "upstream",
+                "summarizer",
                 "history",
                 "models",
                 "plugin",
@@ -480,6 +486,11 @@ impl Config {
             }
         }
 
+        let summarizer = match reader.table(root, "summarizer", "the top level")? {
+            Some(table) => Some(summarizer::read(&reader, root, table, plugin_timeout_ms)?),
+            None => None,
+        };
+
         let mut models = Vec::new();
         if let Some(table) = reader.table(root, "models", "the top level")? {
             for (name, _) in table.iter() {
@@ -542,6 +553,7 @@ impl Config {
             max_body_mb,
             token_cache_entries,
             upstream,
+            summarizer,
             agent_max_ctx,
             chain,
             view,
@@ -681,6 +693,17 @@ impl Config {
         history
             .key(key)
             .and_then(|k| k.span())
+            .map(|s| line_at(&self.source, s.start))
+    }
+
+    /// The line of `key` in `[summarizer]`, else of the table, if present.
+    pub fn summarizer_key_line(&self, key: &str) -> Option<usize> {
+        let root = self.document.as_table();
+        let table = root.get("summarizer")?.as_table()?;
+        table
+            .key(key)
+            .and_then(|k| k.span())
+            .or_else(|| root.key("summarizer").and_then(|k| k.span()))
             .map(|s| line_at(&self.source, s.start))
     }
 
@@ -924,6 +947,104 @@ mod tests {
         }
         let err = parse("[upstream]\ntimeout_s = 5\n").unwrap_err();
         assert!(err.message.contains("[upstream] needs `url`"), "{err}");
+    }
+
+    #[test]
+    fn the_summarizer_is_read_and_checked() {
+        assert_eq!(parse("").unwrap().summarizer, None);
+        let config = parse(
+            "[history]\nplugin_timeout_ms = 0\n[summarizer]\nurl = \"http://127.0.0.1:9/v1/\"\nmodel = \"small\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.summarizer,
+            Some(SummarizerConfig {
+                url: "http://127.0.0.1:9/v1".to_string(),
+                model: "small".to_string(),
+                api_key_env: None,
+                timeout_ms: DEFAULT_SUMMARIZER_TIMEOUT_MS,
+                max_chars_in: DEFAULT_SUMMARIZER_MAX_CHARS_IN,
+            })
+        );
+        let config = parse(
+            "[summarizer]\nurl = \"https://api.example/v1\"\nmodel = \"m\"\napi_key_env = \"OPENAI_API_KEY\"\ntimeout_ms = 1500\nmax_chars_in = 4000\n",
+        )
+        .unwrap();
+        let summarizer = config.summarizer.as_ref().unwrap();
+        assert_eq!(
+            (
+                summarizer.api_key_env.as_deref(),
+                summarizer.timeout_ms,
+                summarizer.max_chars_in
+            ),
+            (Some("OPENAI_API_KEY"), 1500, 4000)
+        );
+        assert_eq!(config.summarizer_key_line("api_key_env"), Some(4));
+        assert_eq!(config.summarizer_key_line("nothing"), Some(1), "the table's line");
+        let head = "[summarizer]\nurl = \"http://u/v1\"\nmodel = \"m\"\n";
+        for (text, line, words) in [
+            (
+                format!("{head}timeout = 5\n"),
+                4,
+                "unknown key `timeout` in [summarizer]",
+            ),
+            (
+                "[summarizer]\nmodel = \"m\"\nurl = \"ftp://u\"\n".to_string(),
+                3,
+                "`url` in [summarizer] must be an http:// or https:// URL",
+            ),
+            (
+                "[summarizer]\nurl = \"http://u\"\nmodel = \" \"\n".to_string(),
+                3,
+                "`model` in [summarizer] must not be empty",
+            ),
+            (
+                format!("{head}api_key_env = \"MY KEY\"\n"),
+                4,
+                "`api_key_env` in [summarizer] must name an environment variable",
+            ),
+            (
+                format!("{head}api_key_env = 3\n"),
+                4,
+                "`api_key_env` in [summarizer] must be a string",
+            ),
+            (
+                format!("{head}timeout_ms = 0\n"),
+                4,
+                "`timeout_ms` in [summarizer] must be an integer ≥ 1",
+            ),
+            (
+                format!("{head}timeout_ms = 1999\nmax_chars_in = 0\n"),
+                5,
+                "`max_chars_in` in [summarizer] must be an integer ≥ 1",
+            ),
+            (
+                format!("{head}timeout_ms = 2000\n"),
+                4,
+                "`timeout_ms` in [summarizer] (2000) must be below [history] plugin_timeout_ms (2000)",
+            ),
+            (
+                "summarizer = 1\n".to_string(),
+                1,
+                "`summarizer` in the top level must be a table",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err();
+            assert_eq!(err.line, Some(line), "{text}: {err}");
+            assert!(err.message.contains(words), "{text}: {err}");
+        }
+        // The default timeout is past the default plugin deadline: the error says both.
+        let err = parse(head).unwrap_err();
+        assert_eq!(err.line, Some(1), "{err}");
+        assert!(
+            err.message
+                .contains("(20000, the default) must be below [history] plugin_timeout_ms (2000)"),
+            "{err}"
+        );
+        let err = parse("[summarizer]\nurl = \"http://u\"\n").unwrap_err();
+        assert!(err.message.contains("[summarizer] needs `model`"), "{err}");
+        let err = parse("[summarizer]\nmodel = \"m\"\n").unwrap_err();
+        assert!(err.message.contains("[summarizer] needs `url`"), "{err}");
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!   stamp a session puts on what enters;
 //! - [`tokens`]: the tokenizers offered to plugins, cached per message and by content;
 //! - [`services`]: what plugins reach through their contexts (token counting, logging,
-//!   summarizing);
+//!   summarizing); [`summarizer`]: the summarize service's client, cache and rules;
 //! - [`document`]: the input document of a stateless call;
 //! - [`expand`]: restoring a compacted or omitted message's original content;
 //! - [`summary`]: the per-turn summary line; [`selfcheck`]: the self-check that
@@ -47,6 +47,7 @@ pub mod reload;
 pub mod selfcheck;
 pub mod services;
 pub mod shadow;
+pub mod summarizer;
 pub mod summary;
 pub mod tokens;
 pub mod turns;
@@ -67,10 +68,14 @@ pub use plugin_api::echo;
 
 /// Loads the configuration, discovers the plugins and builds the chain: what every
 /// command that runs the chain does first. Only the libraries the configuration names are
-/// mapped. Errors are configuration or loading errors.
+/// mapped; the configuration's `[summarizer]` becomes the one plugins reach
+/// ([`summarizer::connect`]) once everything loaded. Errors are configuration or
+/// loading errors.
 pub fn load_chain(config_file: &std::path::Path) -> Result<(Config, Catalog, Chain), ConfigError> {
     let config = Config::load(config_file)?;
+    let summarizer = summarizer::connect(&config)?;
     let catalog = Catalog::discover(&config.plugin_dir).map_err(|e| config.error(None, e.0))?;
     let chain = Chain::load(&config, &catalog)?;
+    summarizer.install();
     Ok((config, catalog, chain))
 }

@@ -71,6 +71,9 @@ pub struct Loaded {
     pub config: Config,
     pub chain: Chain,
     pub fingerprint: Fingerprint,
+    /// The configuration's `[summarizer]`, to install with the chain
+    /// ([`crate::summarizer::Connected::install`]).
+    pub summarizer: crate::summarizer::Connected,
 }
 
 /// Loads `config_file` and its chain, every library from a shadow copy held by
@@ -82,6 +85,7 @@ pub fn load_shadowed(config_file: &Path, libraries: &Arc<ShadowLibraries>) -> Re
         message: format!("cannot read it: {err}"),
     })?;
     let config = Config::parse(config_file, text)?;
+    let summarizer = crate::summarizer::connect(&config)?;
     let fingerprint = Fingerprint::of(config.source(), &config.plugin_dir);
     let catalog = Catalog::discover(&config.plugin_dir)
         .map_err(|e| config.error(None, e.0))?
@@ -91,6 +95,7 @@ pub fn load_shadowed(config_file: &Path, libraries: &Arc<ShadowLibraries>) -> Re
         config,
         chain,
         fingerprint,
+        summarizer,
     })
 }
 

@@ -186,6 +186,19 @@ pub struct CheckReport {
     pub runs: Vec<SampleRun>,
     /// `[history] isolate`: the plugins the sample runs called in a worker process.
     pub isolate: Vec<String>,
+    /// `[summarizer]`, when configured: what `check` can say without calling it.
+    pub summarizer: Option<SummarizerCheck>,
+}
+
+/// The configured summarizer as `check` sees it (it is not called: a check costs nothing).
+#[derive(Debug, Clone)]
+pub struct SummarizerCheck {
+    /// Where requests go: `URL/chat/completions`.
+    pub endpoint: String,
+    pub model: String,
+    pub timeout_ms: u64,
+    /// `api_key_env` and whether that variable is set here.
+    pub api_key_env: Option<(String, bool)>,
 }
 
 impl CheckReport {
@@ -213,6 +226,25 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
         }
     };
     report.isolate = config.isolate.clone();
+    report.summarizer = config.summarizer.as_ref().map(|s| SummarizerCheck {
+        endpoint: format!("{}/chat/completions", s.url),
+        model: s.model.clone(),
+        timeout_ms: s.timeout_ms,
+        api_key_env: s.api_key_env.as_ref().map(|name| {
+            (
+                name.clone(),
+                std::env::var_os(name).is_some_and(|v| !v.is_empty()),
+            )
+        }),
+    });
+    if let Some((name, false)) = report.summarizer.as_ref().and_then(|s| s.api_key_env.as_ref()) {
+        // The chain would not load here: `history-host` refuses an unset key variable.
+        report.problems.push(format!(
+            "{}:{}: [summarizer] api_key_env names {name}, which is not set in this environment",
+            config.file.display(),
+            config.summarizer_key_line("api_key_env").unwrap_or(0)
+        ));
+    }
     let catalog = match Catalog::discover(&config.plugin_dir) {
         Ok(catalog) => catalog,
         Err(err) => {
@@ -347,7 +379,12 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
     for model in config.models_for_validation() {
         let history = match plugin_api::wire::history_from_str(SAMPLE_HISTORY) {
             Ok(history) => history,
-            Err(err) => return (runs, vec![format!("the built-in sample history is invalid: {err}")]),
+            Err(err) => {
+                return (
+                    runs,
+                    vec![format!("the built-in sample history is invalid: {err}")],
+                )
+            }
         };
         let turn = turns::current_turn(&history, None);
         let name = model.name.to_string();

@@ -2,16 +2,17 @@
 //! summarizing):
 //! one process-wide [`plugin_api::HostServices`] instance, built at compile time. What
 //! varies per call lives elsewhere: the plugin that is running (for its log lines) in
-//! [`logging`], the counts on the messages themselves.
+//! [`logging`], the counts on the messages themselves, the configured summarizer in
+//! [`summarizer`].
 
 use abi_stable::{
     prefix_type::WithMetadata,
     staticref,
-    std_types::{RErr, RResult, RStr, RString},
+    std_types::{RErr, ROk, RResult, RStr, RString},
 };
 use plugin_api::{HostServices, HostServicesRef, Message, Tokenizer};
 
-use crate::{logging, tokens};
+use crate::{logging, summarizer, tokens};
 
 pub(crate) extern "C" fn count_text(tokenizer: Tokenizer, text: RStr<'_>) -> u64 {
     tokens::count_item(tokenizer, text.as_str())
@@ -21,17 +22,22 @@ pub(crate) extern "C" fn count_content(tokenizer: Tokenizer, message: &Message) 
     tokens::content_tokens(tokenizer, message)
 }
 
-/// What `summarize` answers when no summarizer is configured: an error the plugin falls
-/// back from. This host reads no `[summarizer]` table yet, so that is its answer to every
-/// call.
-pub const NO_SUMMARIZER: &str = "no summarizer is configured ([summarizer] in plugins-enabled.toml)";
+pub use summarizer::NO_SUMMARIZER;
 
 pub(crate) extern "C" fn summarize(
-    _text: RStr<'_>,
-    _target_chars: u64,
-    _purpose: RStr<'_>,
+    text: RStr<'_>,
+    target_chars: u64,
+    purpose: RStr<'_>,
 ) -> RResult<RString, RString> {
-    RErr(NO_SUMMARIZER.into())
+    let target_chars = usize::try_from(target_chars).unwrap_or(usize::MAX);
+    // No panic crosses back into the plugin: a bug here is one more error it falls back from.
+    let answer =
+        std::panic::catch_unwind(|| summarizer::summarize(text.as_str(), target_chars, purpose.as_str()))
+            .unwrap_or_else(|_| Err("the host's summarizer failed (a bug: see the log)".to_string()));
+    match answer {
+        Ok(summary) => ROk(summary.into()),
+        Err(reason) => RErr(reason.into()),
+    }
 }
 
 /// Holds the static instance.

@@ -133,6 +133,8 @@ fn bad_input(message: String) -> Failure {
 
 fn main() -> ExitCode {
     logging::one_line_panics(PROGRAM);
+    // Every command that loads a chain connects its `[summarizer]` with this client.
+    history_engine::summarizer::set_client(history_summarizer::connect);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage(err),

@@ -188,7 +188,13 @@ impl Service {
     /// settings they bring: `effective_ctx` of every live session, the idle timeout, the
     /// token cache's size, the watched `plugin_dir`.
     fn swap_in(&self, loaded: Loaded, old: &Config) {
-        let Loaded { config, chain, .. } = loaded;
+        let Loaded {
+            config,
+            chain,
+            summarizer,
+            ..
+        } = loaded;
+        summarizer.install();
         let restart_only = restart_only(old, &config);
         if !restart_only.is_empty() {
             tracing::warn!(

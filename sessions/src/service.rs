@@ -147,6 +147,12 @@ impl Store for LockedStore<'_> {
     fn check_writable(&self) -> Result<(), StoreError> {
         self.store.check_writable()
     }
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.store.summary(key)
+    }
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
+        self.store.put_summary(key, summary)
+    }
 }
 
 impl Store for TimedStore {
@@ -173,6 +179,12 @@ impl Store for TimedStore {
     }
     fn check_writable(&self) -> Result<(), StoreError> {
         self.inner.check_writable()
+    }
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.timed(|s| s.summary(key))
+    }
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
+        self.timed(|s| s.put_summary(key, summary))
     }
     fn shared(&self) -> bool {
         self.inner.shared()
@@ -251,6 +263,7 @@ impl Service {
         let libraries = Arc::new(ShadowLibraries::new());
         let loaded =
             load_shadowed(&options.config_file, &libraries).map_err(|e| StartError(e.to_string()))?;
+        loaded.summarizer.install();
         let (config, chain) = (loaded.config, loaded.chain);
         for removed in libraries.remove_unused(&config.plugin_dir) {
             tracing::info!("removed the unused shadow copy {}", removed.display());
@@ -261,10 +274,12 @@ impl Service {
         let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
             .map(Duration::from_millis)
             .unwrap_or(DEFAULT_TURN_WAIT);
-        let store = TimedStore {
+        let store: Arc<dyn Store> = Arc::new(TimedStore {
             inner: store::open(&store_path, turn_wait).map_err(|e| StartError(e.to_string()))?,
             metrics: metrics.clone(),
-        };
+        });
+        // The summarizer's answers are kept in the store, for every session and restart.
+        history_engine::summarizer::install_cache(Arc::new(store::StoreSummaries(store.clone())));
         let operations = store
             .shared()
             .then(|| Arc::new(tokio::sync::Semaphore::new(store::PgStore::MAX_OPERATIONS)));
@@ -306,7 +321,7 @@ impl Service {
             libraries,
             reload: Mutex::new(ReloadState::new(loaded.fingerprint)),
             watcher: Mutex::new(None),
-            store: Arc::new(store),
+            store,
             store_path,
             slots: Mutex::new(slots),
             settings: RwLock::new(()),

@@ -8,11 +8,13 @@
 //! ([`history_trim`]). With no match the result is what recency alone keeps.
 //!
 //! The words of each message are counted once and remembered by the message's identity
-//! (its shared allocation, held by the cache so it cannot be reused), so a warm call on a
-//! long history only looks the query's words up.
+//! (its shared allocation, held by the cache so it cannot be reused), each word as a
+//! number (interned once per plugin instance), so a warm call on a long history hashes
+//! no text: per message one pointer lookup and a binary search per query word.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use history_trim::Pins;
 use plugin_api::{
@@ -40,19 +42,33 @@ pub const DEFAULT_STOP_WORDS: &[&str] = &[
     "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours",
 ];
 
-/// The words of one message: how often each occurs, and how many there are.
+/// The words of one message: `(word id, occurrences)` sorted by id, and how many words
+/// there are.
 #[derive(Debug, Default)]
 struct Terms {
-    counts: FxHashMap<Box<str>, u32>,
+    counts: Box<[(u32, u32)]>,
     length: u32,
 }
 
-/// Each message's [`Terms`], by identity, with the call that last saw it.
+impl Terms {
+    fn count(&self, word: u32) -> u32 {
+        self.counts
+            .binary_search_by_key(&word, |&(id, _)| id)
+            .map_or(0, |at| self.counts[at].1)
+    }
+}
+
+/// Each message's [`Terms`], by identity, with the call that last saw it; and the word
+/// ids the terms use.
 #[derive(Default)]
 struct TermCache {
     call: u64,
-    entries: FxHashMap<usize, (RArc<Message>, Arc<Terms>, u64)>,
+    words: FxHashMap<Box<str>, u32>,
+    entries: FxHashMap<usize, (RArc<Message>, Terms, u64)>,
 }
+
+/// Distinct words remembered before the cache starts over (ids and terms together).
+const MAX_WORDS: usize = 1 << 20;
 
 /// What is left of the window.
 struct Room {
@@ -91,42 +107,89 @@ pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 impl Relevance {
-    fn terms_of(&self, message: &Message) -> Terms {
-        let mut terms = Terms::default();
+    /// The terms of `message`, its words numbered in `words`.
+    fn terms_of(&self, message: &Message, words: &mut FxHashMap<Box<str>, u32>) -> Terms {
+        let mut counts: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut length = 0;
         for item in message.token_items() {
-            for word in words(item) {
+            for word in self::words(item) {
                 if self.stop_words.contains(&word) {
                     continue;
                 }
-                terms.length += 1;
-                *terms.counts.entry(word.into_boxed_str()).or_default() += 1;
+                length += 1;
+                let next = words.len() as u32;
+                let id = *words.entry(word.into_boxed_str()).or_insert(next);
+                *counts.entry(id).or_default() += 1;
             }
         }
-        terms
+        let mut counts: Vec<(u32, u32)> = counts.into_iter().collect();
+        counts.sort_unstable();
+        Terms {
+            counts: counts.into_boxed_slice(),
+            length,
+        }
     }
 
-    /// The terms of every message, from the cache where the same message was seen before.
-    fn all_terms(&self, history: &[RArc<Message>]) -> Vec<Arc<Terms>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    /// Per unit: its length in words and the count of each query word
+    /// (`counts[unit * query.len() + q]`), from the cache where a message was seen before.
+    fn unit_counts(
+        &self,
+        history: &[RArc<Message>],
+        units: &[Vec<usize>],
+        query: &[String],
+    ) -> (Vec<f64>, Vec<u32>) {
+        let mut guard = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cache = &mut *guard;
+        if cache.words.len() > MAX_WORDS {
+            *cache = TermCache::default();
+        }
         cache.call += 1;
         let call = cache.call;
-        let terms = history
+        // Query words no message has are in no unit: they score nothing.
+        let query_ids: Vec<Option<u32>> = query
             .iter()
-            .map(|message| {
-                let key = &**message as *const Message as usize;
-                let entry = cache
-                    .entries
-                    .entry(key)
-                    .or_insert_with(|| (message.clone(), Arc::new(self.terms_of(message)), call));
-                entry.2 = call;
-                entry.1.clone()
-            })
+            .map(|w| cache.words.get(w.as_str()).copied())
             .collect();
+        let mut lengths = Vec::with_capacity(units.len());
+        let mut counts = vec![0u32; units.len() * query.len()];
+        let mut query_ids = query_ids;
+        for (unit, members) in units.iter().enumerate() {
+            let mut length = 0u64;
+            for &i in members {
+                let message = &history[i];
+                let key = &**message as *const Message as usize;
+                let entry = match cache.entries.entry(key) {
+                    Entry::Occupied(entry) => entry.into_mut(),
+                    Entry::Vacant(vacant) => {
+                        let terms = self.terms_of(message, &mut cache.words);
+                        // New words may be query words.
+                        for (id, word) in query_ids.iter_mut().zip(query) {
+                            if id.is_none() {
+                                *id = cache.words.get(word.as_str()).copied();
+                            }
+                        }
+                        vacant.insert((message.clone(), terms, call))
+                    }
+                };
+                entry.2 = call;
+                let terms = &entry.1;
+                length += u64::from(terms.length);
+                if terms.counts.is_empty() {
+                    continue;
+                }
+                for (q, id) in query_ids.iter().enumerate() {
+                    if let Some(id) = id {
+                        counts[unit * query.len() + q] += terms.count(*id);
+                    }
+                }
+            }
+            lengths.push(length as f64);
+        }
         // Forget messages no recent call has seen, once the cache outgrows what is in use.
         if cache.entries.len() > 2 * history.len() + 1024 {
             cache.entries.retain(|_, entry| entry.2 + 4 > call);
         }
-        terms
+        (lengths, counts)
     }
 
     fn select(&self, history: &[RArc<Message>], ctx: &Context) -> Output {
@@ -286,26 +349,7 @@ impl Relevance {
         if query.is_empty() || units.is_empty() {
             return vec![0.0; units.len()];
         }
-        let terms = self.all_terms(history);
-        // Per unit: its length and each query word's count.
-        let mut lengths = Vec::with_capacity(units.len());
-        let mut counts = vec![0u32; units.len() * query.len()];
-        for (unit, members) in units.iter().enumerate() {
-            let mut length = 0u64;
-            for &i in members {
-                let t = &terms[i];
-                length += u64::from(t.length);
-                if t.counts.is_empty() {
-                    continue;
-                }
-                for (q, word) in query.iter().enumerate() {
-                    if let Some(n) = t.counts.get(word.as_str()) {
-                        counts[unit * query.len() + q] += n;
-                    }
-                }
-            }
-            lengths.push(length as f64);
-        }
+        let (lengths, counts) = self.unit_counts(history, units, &query);
         let documents = units.len() as f64;
         let average = (lengths.iter().sum::<f64>() / documents).max(1.0);
         let idf: Vec<f64> = (0..query.len())

@@ -118,6 +118,11 @@ pub fn first_n_chars(text: &str, length: u64) -> Option<(String, u64)> {
     ))
 }
 
+/// The `ai_summary` compaction of a text of `total` characters (docs/plugins.md#retention).
+pub fn ai_summary(summary: &str, total: u64) -> String {
+    format!("[AI Summary of {total} characters. Agent can request expansion if needed.]\n\n{summary}")
+}
+
 /// What happens to one message slot of the output.
 enum Slot {
     Keep(RArc<Message>),
@@ -165,6 +170,58 @@ impl Retention {
             })
             .unwrap_or_default();
         Some(session.or(self.overrides).or(own).or(tool_defaults))
+    }
+}
+
+impl Retention {
+    /// The compacted content of `message` (longer than `length` characters), its length
+    /// in characters and how it was made, for the event; `None` when it is short enough.
+    /// `ai_summary` asks the host's summarizer and falls back to the first characters,
+    /// saying why in the log and the event. After one failure (`failed`) the rest of the
+    /// call falls back without asking: a summarizer that is down or slow costs one
+    /// `timeout_ms` per call, not one per message.
+    fn compact(
+        &self,
+        message: &Message,
+        tool: Option<&str>,
+        length: u64,
+        ai_summary: bool,
+        failed: &mut Option<String>,
+        ctx: &Context,
+    ) -> Option<(String, u64, String)> {
+        let text = message.content.text();
+        let (first, total) = first_n_chars(&text, length)?;
+        let first_how = format!("compacted to the first {length} characters");
+        if !ai_summary {
+            return Some((first, total, first_how));
+        }
+        let purpose = match tool {
+            Some(tool) => format!("the expired result of tool {tool}, kept for the agent's later turns"),
+            None => format!(
+                "an expired {} message, kept for the agent's later turns",
+                message.role.as_str()
+            ),
+        };
+        let target = usize::try_from(length).unwrap_or(usize::MAX);
+        let answer = match failed {
+            Some(reason) => Err(format!("{reason} (an earlier call in this turn)")),
+            None => ctx.summarize(&text, target, &purpose),
+        };
+        match answer {
+            Ok(summary) => Some((
+                self::ai_summary(&summary, total),
+                total,
+                format!("summarized by the host's summarizer (ai_summary, at most {length} characters)"),
+            )),
+            Err(reason) => {
+                ctx.log().warn(&format!(
+                    "retention: ai_summary fell back to first_n_chars: {reason}"
+                ));
+                let how = format!("{first_how} (ai_summary failed: {reason})");
+                failed.get_or_insert(reason);
+                Some((first, total, how))
+            }
+        }
     }
 }
 
@@ -344,7 +401,7 @@ impl HistoryPlugin for Retention {
 
         // Expiration, on what block retention left.
         let session = ctx.expiration_override.as_ref().into_option();
-        let mut summaries_wanted = 0usize;
+        let mut summarizer_failed: Option<String> = None;
         for (index, slot) in slots.iter_mut().enumerate() {
             let Slot::Keep(message) = slot else { continue };
             if !matches!(message.role, Role::User | Role::Tool)
@@ -395,11 +452,12 @@ impl HistoryPlugin for Retention {
                     }
                 }
                 ExpirationMode::Compact => {
-                    if settings.compact_mode == Some(CompactMode::AiSummary) {
-                        summaries_wanted += 1;
-                    }
                     let length = settings.compact_length.unwrap_or(500);
-                    let Some((text, total)) = first_n_chars(&message.content.text(), length) else {
+                    let expired = format!("expired: {age} turns old, turns = {turns}");
+                    let ai_summary = settings.compact_mode == Some(CompactMode::AiSummary);
+                    let compacted =
+                        self.compact(message, tool, length, ai_summary, &mut summarizer_failed, ctx);
+                    let Some((text, total, how)) = compacted else {
                         continue;
                     };
                     let before = content_tokens(ctx, tokenizer, message);
@@ -408,22 +466,13 @@ impl HistoryPlugin for Retention {
                     });
                     let saved = copy.meta().map_or(0, |m| m.tokens_saved.unwrap_or(0));
                     events.push(
-                        Event::new(
-                            EventKind::MessageCompacted,
-                            ctx.turn,
-                            format!("expired: {age} turns old, turns = {turns}; compacted to the first {length} characters"),
-                        )
-                        .at(index, original)
-                        .saving(saved),
+                        Event::new(EventKind::MessageCompacted, ctx.turn, format!("{expired}; {how}"))
+                            .at(index, original)
+                            .saving(saved),
                     );
                     *slot = Slot::Keep(RArc::new(copy));
                 }
             }
-        }
-        if summaries_wanted > 0 {
-            ctx.log().info(&format!(
-                "retention: compact_mode ai_summary requested for {summaries_wanted} messages, but no summarizer is configured; used first_n_chars instead"
-            ));
         }
 
         for warning in events.iter().filter(|e| e.kind == EventKind::Warning) {

@@ -213,7 +213,7 @@ impl Summarize {
         for &i in &replaced {
             events.push(
                 Event::new(
-                    EventKind::MessageRemoved,
+                    EventKind::MessageSummarized,
                     ctx.turn,
                     format!("summarized: replaced by one summary of {n} earlier messages ({how})"),
                 )

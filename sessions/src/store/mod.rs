@@ -5,6 +5,8 @@
 //! The transcript is append-only; the working history is a list of [`WorkingRef`]s —
 //! transcript rows, or copies for the messages whose bytes differ from their transcript
 //! original — so a turn writes its new messages and changed copies, not the whole history.
+//! Beside the sessions, a store keeps the summarizer's answers by key, for every session
+//! and across restarts ([`Store::summary`]).
 
 mod pg;
 mod sqlite;
@@ -70,6 +72,26 @@ pub fn open(location: &Path, lock_wait: Duration) -> Result<Box<dyn Store>, Stor
 }
 
 impl std::error::Error for StoreError {}
+
+/// The summarizer's cache kept in a store (docs/plugins.md#the-summarizer): what the
+/// session service installs, so a text is summarized once across sessions and restarts.
+/// A store error is a log line and a miss: it costs a summarizer call, not a turn.
+pub struct StoreSummaries(pub std::sync::Arc<dyn Store>);
+
+impl history_engine::summarizer::SummaryCache for StoreSummaries {
+    fn get(&self, key: &str) -> Option<String> {
+        self.0.summary(key).unwrap_or_else(|e| {
+            tracing::warn!("summarizer cache: cannot read a summary: {e}");
+            None
+        })
+    }
+
+    fn put(&self, key: &str, summary: &str) {
+        if let Err(e) = self.0.put_summary(key, summary) {
+            tracing::warn!("summarizer cache: cannot keep a summary: {e}");
+        }
+    }
+}
 
 /// One session's row: everything but its messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +206,10 @@ pub trait Store: Send + Sync {
     fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError>;
     /// Whether the store can take a write now (for health).
     fn check_writable(&self) -> Result<(), StoreError>;
+    /// The summary kept under `key` (the summarizer's cache, docs/plugins.md#the-summarizer).
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// Keeps `summary` under `key`; a summary already kept there stays.
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError>;
 
     /// Whether several hosts may share the store: then what a host keeps in memory may
     /// be stale, and each operation takes the session's lock ([`Store::lock`]).

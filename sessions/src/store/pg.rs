@@ -28,7 +28,9 @@ type Pool = r2d2::Pool<Manager>;
 type Connection = r2d2::PooledConnection<Manager>;
 
 /// The schema, one entry per version; a host applies the ones the database lacks.
-const MIGRATIONS: &[&str] = &["
+/// 1: sessions, transcripts, working copies; 2: `summaries`, the summarizer's answers.
+const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE sessions (
     id TEXT PRIMARY KEY,
     model TEXT NOT NULL,
@@ -58,7 +60,15 @@ CREATE TABLE working_copies (
     message TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
 );
-"];
+",
+    "
+CREATE TABLE summaries (
+    key TEXT PRIMARY KEY,
+    summary TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+",
+];
 
 /// Advisory lock keys of the store as a whole (a session's key is a hash of its id).
 const MIGRATION_LOCK: i64 = 0x6869_7374_6d69_6772;
@@ -534,6 +544,25 @@ impl Store for PgStore {
         if read_only == "on" {
             return Err(StoreError::new("the database is read-only (a standby?)"));
         }
+        Ok(())
+    }
+
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let mut c = self.connection()?;
+        let row = c
+            .query_opt("SELECT summary FROM summaries WHERE key = $1", &[&key])
+            .map_err(err)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
+        let mut c = self.connection()?;
+        let now = crate::clock::now_ms() as i64;
+        c.execute(
+            "INSERT INTO summaries (key, summary, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
+            &[&key, &summary, &now],
+        )
+        .map_err(err)?;
         Ok(())
     }
 

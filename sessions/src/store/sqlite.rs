@@ -11,7 +11,8 @@ use super::{
     TranscriptRow, WorkingRef,
 };
 
-const SCHEMA_VERSION: i64 = 1;
+/// 2: `summaries`, the summarizer's answers by key.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -44,6 +45,11 @@ CREATE TABLE IF NOT EXISTS working_copies (
 CREATE TABLE IF NOT EXISTS write_probe (
     id INTEGER PRIMARY KEY,
     checked_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS summaries (
+    key TEXT PRIMARY KEY,
+    summary TEXT NOT NULL,
+    created_at INTEGER NOT NULL
 );
 ";
 
@@ -382,6 +388,27 @@ impl Store for SqliteStore {
                 [crate::clock::now_ms() as i64],
             )
             .map(drop)
+            .map_err(err)
+    }
+
+    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.reader()
+            .query_row(
+                "SELECT summary FROM summaries WHERE key = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)
+    }
+
+    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
+        self.writer()
+            .execute(
+                "INSERT OR IGNORE INTO summaries (key, summary, created_at) VALUES (?1, ?2, ?3)",
+                params![key, summary, crate::clock::now_ms() as i64],
+            )
+            .map(|_| ())
             .map_err(err)
     }
 }

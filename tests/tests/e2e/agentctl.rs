@@ -627,6 +627,7 @@ fn check_runs_the_chain_on_a_sample_and_reports_each_plugin() {
         "{text}"
     );
     assert!(text.contains("  fixture_a  6 -> 6 messages  ok"), "{text}");
+    assert!(text.contains("\nsummarizer: none (plugins fall back"), "{text}");
     assert!(text.trim_end().ends_with("check: ok"), "{text}");
 
     let output = op.run(&["check", "--json"]);

@@ -39,6 +39,7 @@ mod sessions_http;
 mod sessions_load;
 mod sessions_store;
 mod summarize;
+mod summarizer;
 mod token_budget;
 mod tool_result_filter;
 mod wire_fidelity;

@@ -157,15 +157,20 @@ fn ai_summary_falls_back_to_first_n_chars() {
         out[0]["content"],
         format!("0123...\n\n[Compacted: showing first 4 of 10{ANNOTATION_TAIL}")
     );
-    // The reason is logged.
+    // The reason is logged and in the event (the summarizer's own tests: e2e summarizer).
     let document = j!({"model": "c4", "turn": 3, "messages": input});
-    let output = config.process(&[], &document.to_string());
+    let output = config.process(&["--explain"], &document.to_string());
     assert!(output.status.success(), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains(
-            "ai_summary requested for 1 messages, but no summarizer is configured; used first_n_chars"
+            "retention: ai_summary fell back to first_n_chars: no summarizer is configured ([summarizer] in plugins-enabled.toml)"
         ),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .contains("compacted to the first 4 characters (ai_summary failed: no summarizer is configured"),
         "{stderr}"
     );
 }

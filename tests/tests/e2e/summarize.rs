@@ -115,3 +115,28 @@ fn properties_on_generated_histories() {
         false,
     );
 }
+
+#[test]
+fn each_summarized_message_is_reported_as_message_summarized() {
+    on_big_stack(|| {
+        let config = e2e_tests::TestConfig::new(
+            "[history]\nchain = [\"default\", \"summarize\"]\non_plugin_error = \"fail\"\nagent_max_ctx = 100000\n\
+             [models.c4]\ntokenizer = \"chars4\"\nmax_context = 100000\n\
+             [plugin.summarize]\ntrigger_tokens = 12000\nkeep_tokens = 6000\ntarget_chars = 2000\n",
+        );
+        let run = config.run("c4", &generated(300), Some(300)).unwrap();
+        let summary = summaries(&run.history)[0];
+        let covered = summary.meta().unwrap().summary_of().unwrap().len();
+        let events = &run.stages[1].events;
+        assert_eq!(events.len(), covered, "one event per summarized message");
+        for event in events.iter() {
+            assert_eq!(event.kind.as_str(), "message-summarized");
+            assert_eq!(event.turn, 300);
+            assert!(
+                event.reason.starts_with("summarized: replaced by one summary"),
+                "{}",
+                event.reason
+            );
+        }
+    });
+}
