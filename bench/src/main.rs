@@ -37,6 +37,9 @@
 //! - **peak RSS** of the process after the replays (VmHWM).
 
 mod big;
+mod loopback;
+mod proxy;
+mod serve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -89,6 +92,8 @@ fn main() -> ExitCode {
         Some("gen-history") => gen_history(&args[1..]),
         Some("run") => run(&args[1..]),
         Some("big") => big::big(&args[1..]),
+        Some("serve") => serve::serve(&args[1..]),
+        Some("proxy") => proxy::proxy(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
     };
     match result {
@@ -109,6 +114,13 @@ usage: history-bench <command>
   big --host FILE --plugin-dir DIR [--case NAME]
                                         huge inputs through history-host process:
                                         time, exit status, peak RSS
+  serve --host FILE --plugin-dir DIR --floor-dir DIR [--json] [--sessions N] [--clients C] [--turns T]
+      [--store postgres://…] [--hosts H] [--time-cap S]
+                                        a real serve under concurrent loopback clients:
+                                        turns/s, p50/p99, peak RSS, beside a floor
+  proxy --host FILE --plugin-dir DIR [--json] [--requests N] [--clients C] [--time-cap S]
+                                        serve --upstream against a stand-in upstream:
+                                        added latency, requests/s, first byte, token cache
 ";
 
 /// The value after flag `name`, parsed.
