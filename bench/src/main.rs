@@ -38,6 +38,9 @@
 
 mod big;
 mod isolated;
+mod loopback;
+mod proxy;
+mod serve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -91,6 +94,8 @@ fn main() -> ExitCode {
         Some("run") => run(&args[1..]),
         Some("big") => big::big(&args[1..]),
         Some("isolated") => isolated::isolated(&args[1..]),
+        Some("serve") => serve::serve(&args[1..]),
+        Some("proxy") => proxy::proxy(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
     };
     match result {
@@ -114,6 +119,13 @@ usage: history-bench <command>
   isolated --host FILE --plugin-dir DIR [--calls N] [--json]
                                         a plugin's call in a worker process against
                                         in-process, at 1,000 messages
+  serve --host FILE --plugin-dir DIR --floor-dir DIR [--json] [--sessions N] [--clients C] [--turns T]
+      [--store postgres://…] [--hosts H] [--time-cap S]
+                                        a real serve under concurrent loopback clients:
+                                        turns/s, p50/p99, peak RSS, beside a floor
+  proxy --host FILE --plugin-dir DIR [--json] [--requests N] [--clients C] [--time-cap S]
+                                        serve --upstream against a stand-in upstream:
+                                        added latency, requests/s, first byte, token cache
 ";
 
 /// The value after flag `name`, parsed.

@@ -40,6 +40,9 @@ pub struct UpstreamConfig {
     pub timeout_s: u64,
     /// The most requests in flight to the upstream at once.
     pub max_connections: u64,
+    /// `ca_file`: PEM certificates trusted for an `https://` upstream besides the usual
+    /// roots (a private CA); resolved beside the configuration file.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `on_plugin_error` (docs/chain.md#faults).
@@ -249,6 +252,24 @@ impl Reader<'_> {
     }
 }
 
+/// A `ca_file` must be readable and hold at least one PEM certificate: said at load, not
+/// at the first request. The certificates themselves are parsed by the proxy's client.
+fn check_ca_file(file: &Path) -> Result<(), String> {
+    let text = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    if !text
+        .windows(CERTIFICATE_PEM.len())
+        .any(|w| w == CERTIFICATE_PEM.as_bytes())
+    {
+        return Err(format!(
+            "{} holds no PEM certificate (a \"{CERTIFICATE_PEM}\" block)",
+            file.display()
+        ));
+    }
+    Ok(())
+}
+
+const CERTIFICATE_PEM: &str = "-----BEGIN CERTIFICATE-----";
+
 fn shown(item: &Item) -> String {
     match item {
         Item::Value(value) => echo::bare(value.to_string().trim()),
@@ -359,7 +380,7 @@ impl Config {
             None => None,
             Some(table) => {
                 let place = "[upstream]";
-                reader.refuse_unknown(table, place, &["url", "timeout_s", "max_connections"])?;
+                reader.refuse_unknown(table, place, &["url", "timeout_s", "max_connections", "ca_file"])?;
                 let url = match reader.string(table, "url", place)? {
                     Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
                         url.trim_end_matches('/').to_string()
@@ -391,6 +412,16 @@ impl Config {
                     max_connections: reader
                         .integer(table, "max_connections", place, 1)?
                         .unwrap_or(DEFAULT_UPSTREAM_MAX_CONNECTIONS),
+                    ca_file: match reader.string(table, "ca_file", place)? {
+                        None => None,
+                        Some(path) => {
+                            let file = base.join(path);
+                            check_ca_file(&file).map_err(|why| {
+                                reader.key_error(table, "ca_file", format!("`ca_file` in {place}: {why}"))
+                            })?;
+                            Some(file)
+                        }
+                    },
                 })
             }
         };
@@ -912,6 +943,7 @@ mod tests {
                 url: "http://127.0.0.1:8000/v1".to_string(),
                 timeout_s: DEFAULT_UPSTREAM_TIMEOUT_S,
                 max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+                ca_file: None,
             })
         );
         let config =
@@ -1045,6 +1077,37 @@ mod tests {
         assert!(err.message.contains("[summarizer] needs `model`"), "{err}");
         let err = parse("[summarizer]\nmodel = \"m\"\n").unwrap_err();
         assert!(err.message.contains("[summarizer] needs `url`"), "{err}");
+    }
+
+    #[test]
+    fn an_upstream_ca_file_is_checked_at_load() {
+        let dir = std::env::temp_dir().join(format!("history-ca-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("plugins-enabled.toml");
+        let load = |ca: &str| {
+            Config::parse(
+                &file,
+                format!("[upstream]\nurl = \"https://u/v1\"\nca_file = \"{ca}\"\n"),
+            )
+        };
+        std::fs::write(
+            dir.join("ca.pem"),
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let config = load("ca.pem").unwrap();
+        assert_eq!(config.upstream.unwrap().ca_file, Some(dir.join("ca.pem")));
+        let err = load("missing.pem").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(
+            err.message.contains("`ca_file` in [upstream]: cannot read")
+                && err.message.contains("missing.pem"),
+            "{err}"
+        );
+        std::fs::write(dir.join("key.pem"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+        let err = load("key.pem").unwrap_err();
+        assert!(err.message.contains("holds no PEM certificate"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -2,12 +2,17 @@
 //! docs/cli.md#chat). Each line is a user message and runs a turn; `:assistant TEXT`,
 //! `:tool NAME TEXT` and `:load FILE` feed the other roles; `!…` and `/…` are the runtime
 //! commands. After each turn it prints the `--explain` table and the sent history's size.
+//! With `--upstream URL` the assistant's replies come from a model: after each user line's
+//! turn the sent history goes to URL's chat completions, the reply is printed as it
+//! streams in and stored as the next turn.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use history_engine::document::parse_document;
+use history_server::ModelClient;
+use history_sessions::service::history_json;
 use history_sessions::{Command, Options, Service, TurnInput};
 use plugin_api::{Message, RArc};
 
@@ -19,11 +24,15 @@ pub struct ChatArgs {
     pub model: Option<String>,
     pub session: Option<String>,
     pub store: Option<PathBuf>,
+    /// `--upstream URL`: the replies come from this OpenAI-compatible base URL.
+    pub upstream: Option<String>,
+    /// `--upstream-model NAME`: the model asked upstream (default: the session's model).
+    pub upstream_model: Option<String>,
 }
 
 pub fn chat(args: ChatArgs) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
         .map_err(|e| Failure {
             status: 3,
@@ -39,6 +48,8 @@ struct Chat {
     pending: Vec<RArc<Message>>,
     calls: u64,
     out: std::io::Stdout,
+    /// The model the replies come from, and its name there.
+    model: Option<(ModelClient, Option<String>)>,
 }
 
 async fn run(args: ChatArgs) -> Result<(), Failure> {
@@ -52,6 +63,15 @@ async fn run(args: ChatArgs) -> Result<(), Failure> {
         .map_err(|e| e.to_string())
         .and_then(|opened| opened.map_err(|e| e.to_string()))
         .map_err(|message| Failure { status: 3, message })?;
+    let model = match &args.upstream {
+        Some(url) => {
+            let key = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty());
+            let client = ModelClient::new(url, service.config().upstream.as_ref(), key.as_deref())
+                .map_err(|message| Failure { status: 3, message })?;
+            Some((client, args.upstream_model.clone()))
+        }
+        None => None,
+    };
     let id = match &args.session {
         Some(id) => {
             service.info(id).map_err(|e| Failure {
@@ -87,12 +107,21 @@ async fn run(args: ChatArgs) -> Result<(), Failure> {
         pending: Vec::new(),
         calls: 0,
         out: std::io::stdout(),
+        model,
     };
     let info = chat.service.info(&chat.id).unwrap();
     chat.say(&format!(
         "session {} (model {}, effective_ctx {}, turn {}); resume with --session {}",
         info.id, info.model, info.effective_ctx, info.turn, info.id
     ));
+    if let Some((client, name)) = &chat.model {
+        let line = format!(
+            "replies from {} (model {})",
+            client.url(),
+            name.as_deref().unwrap_or(&info.model)
+        );
+        chat.say(&line);
+    }
     chat.say("type a message; :assistant TEXT, :tool NAME TEXT, :load FILE, !model NAME, !maxctx N [temp], !expand I, /history, /clear; :quit or end of input leaves");
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
@@ -164,11 +193,61 @@ impl Chat {
         } else {
             let mut messages = std::mem::take(&mut self.pending);
             messages.push(message(serde_json::json!({"role": "user", "content": line})));
-            self.turn(messages).await;
+            if let Some(sent) = self.turn(messages).await {
+                if self.model.is_some() {
+                    self.reply(sent).await;
+                }
+            }
         }
     }
 
-    async fn turn(&mut self, messages: Vec<RArc<Message>>) {
+    /// The model's reply to the sent history, printed as it streams in, then stored as the
+    /// session's next turn. A failure is one line; the session keeps what it had.
+    async fn reply(&mut self, sent: serde_json::Value) {
+        let Some((client, name)) = &self.model else { return };
+        let name = match name {
+            Some(name) => name.clone(),
+            None => match self.service.info(&self.id) {
+                Ok(info) => info.model,
+                Err(e) => return self.say(&format!("error: {}", e.message)),
+            },
+        };
+        let out = &mut self.out;
+        let mut started = false;
+        let answer = client
+            .complete(&name, sent, |text| {
+                if !started {
+                    let _ = write!(out, "assistant: ");
+                    started = true;
+                }
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+            })
+            .await;
+        if started {
+            let _ = writeln!(out);
+        }
+        let text = match answer {
+            Ok(text) => text,
+            Err(e) => return self.say(&format!("error: {}", history_engine::echo::line(&e))),
+        };
+        let input = TurnInput {
+            messages: vec![message(serde_json::json!({"role": "assistant", "content": text}))],
+            model: None,
+            context: Vec::new(),
+        };
+        match self.service.turn(&self.id, input).await {
+            Ok(outcome) => self.say(&format!(
+                "turn {}: the reply stored; working history {} messages",
+                outcome.turn,
+                outcome.run.working.len()
+            )),
+            Err(e) => self.say(&format!("error: the reply was not stored: {}", e.message)),
+        }
+    }
+
+    /// Runs a turn and prints what the chain did; the sent history, when it ran.
+    async fn turn(&mut self, messages: Vec<RArc<Message>>) -> Option<serde_json::Value> {
         let input = TurnInput {
             messages,
             model: None,
@@ -193,8 +272,12 @@ impl Chat {
                     history_engine::summary::thousands(outcome.run.tokens_out),
                     outcome.run.working.len()
                 ));
+                Some(history_json(&outcome.run.history))
             }
-            Err(e) => self.say(&format!("error: {}", e.message)),
+            Err(e) => {
+                self.say(&format!("error: {}", e.message));
+                None
+            }
         }
     }
 

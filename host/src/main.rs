@@ -111,6 +111,14 @@ enum Command {
         /// The session store (overrides the configuration's `store`).
         #[arg(long, value_name = "PATH")]
         store: Option<PathBuf>,
+        /// The assistant's replies come from this OpenAI-compatible base URL (e.g.
+        /// https://api.openai.com/v1; `OPENAI_API_KEY` is sent as the key): after each
+        /// user line the sent history goes there and the reply is stored as the next turn.
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
+        /// The model asked upstream (default: the session's model name).
+        #[arg(long, value_name = "NAME", requires = "upstream")]
+        upstream_model: Option<String>,
     },
     /// Internal: serve one isolated plugin's calls over stdin and stdout
     /// (`[history] isolate`, docs/chain.md#isolation). The host runs it, never a person.
@@ -169,6 +177,8 @@ fn main() -> ExitCode {
             model,
             session,
             store,
+            upstream,
+            upstream_model,
         } => {
             init_logging();
             return finish(chat::chat(chat::ChatArgs {
@@ -176,6 +186,8 @@ fn main() -> ExitCode {
                 model,
                 session,
                 store,
+                upstream,
+                upstream_model,
             }));
         }
         command => command,

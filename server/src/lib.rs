@@ -8,6 +8,7 @@
 mod auth;
 mod proxy;
 mod routes;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use history_sessions::{Options, Service};
 
 pub use auth::operator_token;
+pub use upstream::ModelClient;
 
 /// The request bodies of the endpoints that take one, parsed as the endpoints parse them
 /// but without a service (the fuzz targets in fuzz/ drive these). `Ok` is what the
@@ -113,29 +115,8 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             config.file.display()
         ));
     }
-    let upstream = match (&options.upstream, &config.upstream) {
-        (Some(url), configured) => Some(history_engine::config::UpstreamConfig {
-            url: url.trim_end_matches('/').to_string(),
-            ..configured
-                .clone()
-                .unwrap_or(history_engine::config::UpstreamConfig {
-                    url: String::new(),
-                    timeout_s: history_engine::config::DEFAULT_UPSTREAM_TIMEOUT_S,
-                    max_connections: history_engine::config::DEFAULT_UPSTREAM_MAX_CONNECTIONS,
-                })
-        }),
-        (None, configured) => configured.clone(),
-    };
-    let upstream = match upstream {
-        Some(upstream) => {
-            if !upstream.url.starts_with("http://") && !upstream.url.starts_with("https://") {
-                return Err(format!(
-                    "--upstream {}: expected an http:// URL (the upstream's base URL, e.g. http://127.0.0.1:8000/v1)",
-                    upstream.url
-                ));
-            }
-            Some(Arc::new(proxy::Upstream::new(&upstream)?))
-        }
+    let upstream = match upstream::resolve(options.upstream.as_deref(), config.upstream.as_ref())? {
+        Some(upstream) => Some(Arc::new(upstream::Upstream::new(&upstream)?)),
         None => None,
     };
     if let Some(upstream) = &upstream {

@@ -4,7 +4,6 @@
 //! request (members, the `Authorization` header) goes upstream untouched and is never
 //! stored or logged; the answer comes back as it arrives, chunk by chunk.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -12,60 +11,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use history_engine::config::UpstreamConfig;
 use history_engine::{stateless_context, turns, Call, ChainRun};
 use history_sessions::service::history_json;
 use history_sessions::{ErrorKind, SessionError};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Map, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::routes::App;
+use crate::upstream::{strip_stamps, unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.
 const SESSION_HEADER: &str = "x-history-session";
-
-/// The upstream and the connections to it.
-pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
-    /// The base URL, without a trailing `/`.
-    base: String,
-    timeout: Duration,
-    /// One permit per request in flight upstream (`max_connections`).
-    permits: Arc<Semaphore>,
-}
-
-impl Upstream {
-    pub fn new(config: &UpstreamConfig) -> std::result::Result<Upstream, String> {
-        if config.url.starts_with("https://") {
-            return Err(format!(
-                "[upstream] url = \"{}\": https upstreams are not supported yet; \
-                 use an http:// URL (e.g. a local TLS-terminating forwarder)",
-                config.url
-            ));
-        }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(config.timeout_s)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(config.max_connections as usize)
-            .build(connector);
-        Ok(Upstream {
-            client,
-            base: config.url.trim_end_matches('/').to_string(),
-            timeout: Duration::from_secs(config.timeout_s),
-            permits: Arc::new(Semaphore::new(config.max_connections as usize)),
-        })
-    }
-
-    pub fn url(&self) -> &str {
-        &self.base
-    }
-}
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
 pub struct OpenAiError {
@@ -266,24 +223,6 @@ async fn stateless_run(app: &App, messages: Vec<Value>, model: Option<String>) -
     })
 }
 
-/// The host's stamps (`metadata.id`, `timestamp`, `turn_added`) off the messages sent
-/// upstream: a provider may refuse members it does not know.
-fn strip_stamps(sent: &mut Value) {
-    for message in sent.as_array_mut().into_iter().flatten() {
-        let Some(object) = message.as_object_mut() else {
-            continue;
-        };
-        if let Some(Value::Object(meta)) = object.get_mut("metadata") {
-            for stamp in ["id", "timestamp", "turn_added"] {
-                meta.remove(stamp);
-            }
-            if meta.is_empty() {
-                object.remove("metadata");
-            }
-        }
-    }
-}
-
 /// Headers that belong to one connection, never forwarded either way.
 fn hop_by_hop(name: &HeaderName) -> bool {
     matches!(
@@ -306,6 +245,15 @@ fn unreachable_error(e: impl std::fmt::Display) -> OpenAiError {
         "upstream_error",
         "upstream_unreachable",
         format!("the upstream cannot be reached: {e}"),
+    )
+}
+
+fn tls_error(message: String) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        "upstream_tls",
+        format!("TLS with the upstream failed: {message} (a private CA is trusted with [upstream] ca_file)"),
     )
 }
 
@@ -358,15 +306,13 @@ async fn forward(
             .await
             .map_err(unreachable_error)?;
         let response = upstream.client.request(request).await.map_err(|e| {
-            // The chain of causes says why (refused, reset, …).
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                message.push_str(": ");
-                message.push_str(&cause.to_string());
-                source = cause.source();
+            // The chain of causes says why (refused, reset, an untrusted certificate, …).
+            let why = unreachable(&e);
+            if why.tls {
+                tls_error(why.message)
+            } else {
+                unreachable_error(why.message)
             }
-            unreachable_error(message)
         })?;
         Ok::<_, OpenAiError>((permit, response))
     })

@@ -23,7 +23,7 @@ pub struct App {
     pub service: Arc<Service>,
     pub token: Option<Arc<str>>,
     /// The proxy's upstream (docs/proxy.md), when one is configured.
-    pub upstream: Option<Arc<crate::proxy::Upstream>>,
+    pub upstream: Option<Arc<crate::upstream::Upstream>>,
 }
 
 /// The largest transcript page.

@@ -4,7 +4,8 @@
 //! server-sent events written one at a time with a gap between them. A request whose
 //! `model` is `"slow"` gets no answer for `slow` (past the proxy's timeout). The time each
 //! streamed chunk was written is recorded (seconds since the Unix epoch), so a test can
-//! show a client got a chunk before the upstream finished.
+//! show a client got a chunk before the upstream finished. [`Upstream::start_tls`] serves
+//! the same over TLS (rustls), with a certificate the test made.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -40,6 +41,8 @@ impl Received {
 /// The running stand-in; it stops accepting when dropped.
 pub struct Upstream {
     pub addr: String,
+    /// `http` or `https`.
+    scheme: &'static str,
     pub received: Arc<Mutex<Vec<Received>>>,
     /// When each streamed chunk was written, per streamed request.
     pub chunk_times: Arc<Mutex<Vec<Vec<f64>>>>,
@@ -90,12 +93,39 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
+/// A certificate chain (DER, the server's first) and its private key (PKCS#8 DER).
+pub struct TlsIdentity {
+    pub chain: Vec<Vec<u8>>,
+    pub key: Vec<u8>,
+}
+
 impl Upstream {
     pub fn start(behaviour: Behaviour) -> Upstream {
+        Upstream::listen(behaviour, None)
+    }
+
+    /// The same stand-in over TLS, presenting `identity`.
+    pub fn start_tls(behaviour: Behaviour, identity: TlsIdentity) -> Upstream {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                identity.chain.into_iter().map(CertificateDer::from).collect(),
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(identity.key)),
+            )
+            .unwrap();
+        Upstream::listen(behaviour, Some(Arc::new(config)))
+    }
+
+    fn listen(behaviour: Behaviour, tls: Option<Arc<rustls::ServerConfig>>) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let upstream = Upstream {
             addr,
+            scheme: if tls.is_some() { "https" } else { "http" },
             received: Arc::default(),
             chunk_times: Arc::default(),
             stop: Arc::default(),
@@ -111,18 +141,33 @@ impl Upstream {
                     break;
                 }
                 let Ok(stream) = stream else { continue };
-                let (received, times) = (received.clone(), times.clone());
+                let (received, times, tls) = (received.clone(), times.clone(), tls.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(stream, behaviour, &received, &times);
+                    let _ = match tls {
+                        None => serve(&mut { stream }, behaviour, &received, &times),
+                        // A handshake the client refuses ends here, with an error.
+                        Some(config) => match rustls::ServerConnection::new(config) {
+                            Ok(connection) => {
+                                let mut tls = rustls::StreamOwned::new(connection, stream);
+                                let served = serve(&mut tls, behaviour, &received, &times);
+                                // A stream's end is the connection's close: said over TLS
+                                // first, or the client sees a truncation.
+                                tls.conn.send_close_notify();
+                                let _ = tls.flush();
+                                served
+                            }
+                            Err(e) => Err(std::io::Error::other(e)),
+                        },
+                    };
                 });
             }
         });
         upstream
     }
 
-    /// The base URL a client would use: `http://ADDR/v1`.
+    /// The base URL a client would use: `http://ADDR/v1` (`https://` over TLS).
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("{}://{}/v1", self.scheme, self.addr)
     }
 
     pub fn requests(&self) -> Vec<Received> {
@@ -140,13 +185,13 @@ impl Drop for Upstream {
 
 /// Answers requests on one connection until the client closes it.
 fn serve(
-    stream: TcpStream,
+    stream: impl Read + Write,
     behaviour: Behaviour,
     received: &Mutex<Vec<Received>>,
     times: &Mutex<Vec<Vec<f64>>>,
 ) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut stream = stream;
+    let mut reader = BufReader::new(stream);
+    // Writes go past the reader's buffer, straight to the connection (`get_mut`).
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line)? == 0 {
@@ -184,7 +229,7 @@ fn serve(
         if request.path.ends_with("/models") {
             let body = json!({"object": "list", "data": [{"id": "gpt-4o", "object": "model", "created": 0, "owned_by": "standin"}]}).to_string();
             write!(
-                stream,
+                reader.get_mut(),
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )?;
@@ -200,7 +245,7 @@ fn serve(
             value["messages"].as_array().map_or(0, Vec::len)
         );
         if value["stream"] == true {
-            stream.write_all(
+            reader.get_mut().write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
             )?;
             let mut written = Vec::new();
@@ -220,22 +265,24 @@ fn serve(
                     "model": model,
                     "choices": [{"index": 0, "delta": {"content": format!("part{i} ")}, "finish_reason": finish}]
                 });
-                stream.write_all(format!("data: {chunk}\n\n").as_bytes())?;
-                stream.flush()?;
+                reader
+                    .get_mut()
+                    .write_all(format!("data: {chunk}\n\n").as_bytes())?;
+                reader.get_mut().flush()?;
                 written.push(now());
             }
-            stream.write_all(b"data: [DONE]\n\n")?;
-            stream.flush()?;
+            reader.get_mut().write_all(b"data: [DONE]\n\n")?;
+            reader.get_mut().flush()?;
             written.push(now());
             times.lock().unwrap().push(written);
             return Ok(());
         }
         let body = completion(&model, &content).to_string();
         write!(
-            stream,
+            reader.get_mut(),
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Standin: yes\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )?;
-        stream.flush()?;
+        reader.get_mut().flush()?;
     }
 }

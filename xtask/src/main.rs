@@ -12,6 +12,11 @@
 //!                                      build everything in release, install the plugins
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
+//! cargo xtask bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL]
+//!                                      the same build, then a real serve under concurrent
+//!                                      loopback clients, beside a pass-through floor
+//! cargo xtask bench proxy [--json]     the same build, then serve --upstream against a
+//!                                      stand-in upstream, beside calling it directly
 //! cargo xtask fuzz [--time S] [--target NAME] [--seed N]
 //!                                      the fuzz targets (fuzz/): their corpus, then
 //!                                      mutations for S seconds in all (default 60)
@@ -93,6 +98,14 @@ usage: cargo xtask <task>
                               in-process at 1,000 messages (docs/chain.md#isolation)
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
+  bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
+                              the same build, then a real serve driven by concurrent
+                              loopback clients: turns/s, p50/p99, peak RSS, beside a
+                              pass-through floor (docs/sessions.md#performance)
+  bench proxy [--json] [--requests N] [--clients C]
+                              the same build, then serve --upstream in front of a
+                              stand-in upstream: added latency, requests/s, first byte,
+                              token cache, beside direct calls (docs/proxy.md#performance)
   fuzz [--time S] [--target NAME] [--seed N]
                               run the fuzz targets (fuzz/) on their corpus, then on
                               mutations of it for S seconds in all (default 60)
@@ -230,6 +243,37 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
     Ok(())
 }
 
+/// The floor of `bench serve`: a configured chain must start with `default`, so the floor
+/// fixture is built under that name (its `as-default` feature) and installed alone in
+/// `<bench-plugins>/serve-floor/` as `default`. Building it overwrites the release floor
+/// library, after it was installed; the next bench rebuilds it.
+fn serve_floor(root: &Path, target_dir: &Path, bench_plugins: &Path) -> Result<PathBuf> {
+    run(cargo().current_dir(root).args([
+        "build",
+        "--release",
+        "--package",
+        FLOOR_PLUGIN,
+        "--features",
+        "as-default",
+    ]))?;
+    let built = target_dir
+        .join("release")
+        .join(plugin_api::naming::library_file_name("floor"));
+    let dir = bench_plugins.join("serve-floor");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let installed = dir.join(plugin_api::naming::library_file_name("default"));
+    // A new file, not an overwrite in place: a library is never changed under a loader.
+    let _ = std::fs::remove_file(&installed);
+    std::fs::copy(&built, &installed).map_err(|e| {
+        format!(
+            "cannot install {} as {}: {e}",
+            built.display(),
+            installed.display()
+        )
+    })?;
+    Ok(dir)
+}
+
 /// Runs the release `history-bench` with `args` (building it first if needed).
 fn history_bench(root: &Path, args: &[&str], extra: &[String]) -> Result<()> {
     run(cargo()
@@ -268,16 +312,40 @@ fn bench(args: &[String]) -> Result<()> {
     }
     .run()?;
     let plugin_dir = dir.display().to_string();
+    let host = metadata
+        .target_dir
+        .join("release/history-host")
+        .display()
+        .to_string();
+    // The service under load and the proxy (bench/src/serve.rs, bench/src/proxy.rs).
+    if let Some("proxy") = args.first().map(String::as_str) {
+        return history_bench(
+            &root,
+            &["proxy", "--host", &host, "--plugin-dir", &plugin_dir],
+            &args[1..],
+        );
+    }
+    if let Some("serve") = args.first().map(String::as_str) {
+        let floor_dir = serve_floor(&root, &metadata.target_dir, &dir)?;
+        return history_bench(
+            &root,
+            &[
+                "serve",
+                "--host",
+                &host,
+                "--plugin-dir",
+                &plugin_dir,
+                "--floor-dir",
+                &floor_dir.display().to_string(),
+            ],
+            &args[1..],
+        );
+    }
     if let Some(at) = args.iter().position(|a| a == "--big") {
         // The huge inputs through the release host (bench/src/big.rs), instead of the
         // chain measurements.
         let mut rest = args.to_vec();
         rest.remove(at);
-        let host = metadata
-            .target_dir
-            .join("release/history-host")
-            .display()
-            .to_string();
         return history_bench(
             &root,
             &["big", "--host", &host, "--plugin-dir", &plugin_dir],

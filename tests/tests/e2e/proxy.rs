@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
 use e2e_tests::server::{agent, shipped_config, Answer, Server};
-use e2e_tests::upstream::{Behaviour, Upstream};
+use e2e_tests::upstream::{Behaviour, TlsIdentity, Upstream};
 use e2e_tests::{json, real_data_dir, target_dir, workspace_root, TestConfig};
 use history_engine::{load_chain, stateless_context, turns, Call};
 use plugin_api::wire::{history_from_str, history_to_string};
@@ -533,4 +533,111 @@ fn with_a_session_header_a_request_is_a_turn_and_the_transcript_holds_each_messa
     );
     assert_eq!(answer.status, 409, "{answer:?}");
     assert_eq!(server.transcript(&id).len(), conversation.len());
+}
+
+/// A CA made for the test (its PEM) and a certificate for 127.0.0.1 it signed.
+fn test_ca_and_identity() -> (String, TlsIdentity) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (
+        ca.pem(),
+        TlsIdentity {
+            chain: vec![leaf.der().to_vec()],
+            key: key.serialize_der(),
+        },
+    )
+}
+
+#[test]
+fn an_https_upstream_is_reached_through_a_private_ca_and_an_untrusted_one_is_a_502_naming_tls() {
+    let (ca_pem, identity) = test_ca_and_identity();
+    let behaviour = Behaviour {
+        chunks: 3,
+        gap: Duration::from_millis(50),
+        ..Behaviour::default()
+    };
+    let upstream = Upstream::start_tls(behaviour, identity);
+    assert!(upstream.base_url().starts_with("https://127.0.0.1:"));
+    let messages = real_conversation();
+
+    // Trusted through `[upstream] ca_file` (beside the configuration).
+    let config = shipped_config(
+        "",
+        &[(
+            "[history]",
+            "[upstream]\nurl = \"http://replaced.invalid/v1\"\nca_file = \"ca.pem\"\n\n[history]",
+        )],
+    );
+    std::fs::write(config.dir.path().join("ca.pem"), &ca_pem).unwrap();
+    let server = start(&config, &upstream.base_url());
+    let (answer, headers) = post(&server, &j!({"model": "gpt-4o", "messages": messages}), &[]);
+    assert_eq!(answer.status, 200, "{answer:?}\n{}", server.stderr());
+    assert_eq!(
+        answer.body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split(' ')
+            .next(),
+        Some("answer")
+    );
+    assert_eq!(header(&headers, "x-standin"), Some("yes"));
+    let (streamed, headers) = post(
+        &server,
+        &j!({"model": "gpt-4o", "messages": messages, "stream": true}),
+        &[],
+    );
+    assert_eq!(streamed.status, 200, "{streamed:?}");
+    assert_eq!(header(&headers, "content-type"), Some("text/event-stream"));
+    let text = streamed.body.as_str().unwrap();
+    let parts: Vec<&str> = text.lines().filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(parts.len(), 4, "three chunks and [DONE]: {text}");
+    assert!(parts[0].contains("part0") && parts[2].contains("part2"), "{text}");
+    assert_eq!(parts[3], "data: [DONE]");
+    let received = upstream.requests();
+    assert_eq!(received.len(), 2, "both requests reached the upstream over TLS");
+    assert_eq!(received[0].path, "/v1/chat/completions");
+    drop(server);
+
+    // Not trusted: no `ca_file`, and the test's CA is in no root store.
+    let untrusted = small_window();
+    let server = start(&untrusted, &upstream.base_url());
+    let (answer, _) = post(&server, &j!({"model": "gpt-4o", "messages": messages}), &[]);
+    assert_eq!(answer.status, 502, "{answer:?}");
+    assert_eq!(openai_error(&answer), "upstream_tls");
+    let message = answer.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("TLS with the upstream failed:") && message.contains("certificate"),
+        "{message}"
+    );
+    assert_eq!(upstream.requests().len(), 2, "nothing reached the upstream");
+    drop(server);
+
+    // A ca_file that is not a certificate: serve refuses to start, naming it.
+    let broken = shipped_config(
+        "",
+        &[(
+            "[history]",
+            "[upstream]\nurl = \"https://127.0.0.1:1/v1\"\nca_file = \"key.pem\"\n\n[history]",
+        )],
+    );
+    std::fs::write(broken.dir.path().join("key.pem"), "not a certificate\n").unwrap();
+    let store = broken.dir.path().join("sessions.db");
+    let err = Server::try_start(&broken.path, &store, &[], &["--listen", "127.0.0.1:0"])
+        .err()
+        .expect("serve refuses a ca_file without a certificate");
+    assert!(
+        err.contains("`ca_file` in [upstream]")
+            && err.contains("key.pem")
+            && err.contains("no PEM certificate"),
+        "{err}"
+    );
 }

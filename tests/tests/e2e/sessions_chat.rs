@@ -93,3 +93,108 @@ fn chat_runs_turns_and_commands_and_resumes_a_stored_session() {
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
     assert!(String::from_utf8_lossy(&output.stderr).contains("no session \"nope\""));
 }
+
+#[test]
+fn chat_with_an_upstream_prints_and_stores_the_models_replies_and_survives_it_being_down() {
+    use e2e_tests::upstream::{Behaviour, Upstream};
+    let upstream = Upstream::start(Behaviour {
+        chunks: 3,
+        gap: std::time::Duration::from_millis(20),
+        ..Behaviour::default()
+    });
+    let config = shipped_config("", &[("max_context = 16", "max_context = 100")]);
+    let out = chat(
+        &config,
+        &[
+            "--model",
+            "local-8k",
+            "--upstream",
+            &upstream.base_url(),
+            "--upstream-model",
+            "gpt-4o",
+        ],
+        "Fix the parser bug.\nAnd the tests?\n",
+    );
+    let id = out
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("session "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    assert!(
+        out.contains(&format!("replies from {} (model gpt-4o)", upstream.base_url())),
+        "{out}"
+    );
+    let replies: Vec<&str> = out.lines().filter(|l| l.starts_with("assistant: ")).collect();
+    assert_eq!(replies, ["assistant: part0 part1 part2 "; 2], "{out}");
+    assert!(out.contains("turn 2: the reply stored"), "{out}");
+    assert!(out.contains("turn 4: the reply stored"), "{out}");
+
+    // The upstream got the sent history, without the host's stamps, streamed, on gpt-4o.
+    let received = upstream.requests();
+    assert_eq!(received.len(), 2);
+    let first = received[0].json();
+    assert_eq!(first["model"], "gpt-4o");
+    assert_eq!(first["stream"], true);
+    assert_eq!(
+        first["messages"],
+        serde_json::json!([{"role": "user", "content": "Fix the parser bug."}])
+    );
+    let second = received[1].json();
+    let roles: Vec<&str> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user"]);
+    assert_eq!(second["messages"][1]["content"], "part0 part1 part2 ");
+    assert!(second["messages"][1].get("metadata").is_none(), "{second}");
+
+    // The replies are in the transcript as the assistant's turns.
+    let store = SqliteStore::open(&config.dir.path().join("sessions.db")).unwrap();
+    let transcript: Vec<serde_json::Value> = store
+        .transcript(&id, 1, 100)
+        .unwrap()
+        .iter()
+        .map(|m| serde_json::from_str(&m.message).unwrap())
+        .collect();
+    let turns: Vec<(String, u64)> = transcript
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap().to_string(),
+                m["metadata"]["turn_added"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            ("user".to_string(), 1),
+            ("assistant".to_string(), 2),
+            ("user".to_string(), 3),
+            ("assistant".to_string(), 4)
+        ]
+    );
+    assert_eq!(transcript[3]["content"], "part0 part1 part2 ");
+
+    // Upstream down: one error line per user line, and the REPL goes on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let out = chat(
+        &config,
+        &["--session", &id, "--upstream", &down],
+        "Still there?\n/history\n",
+    );
+    let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{out}");
+    assert!(
+        errors[0].contains("cannot reach") && errors[0].contains(&down),
+        "{out}"
+    );
+    assert!(out.contains("turn 5: sent history"), "{out}");
+    assert!(out.contains("working history: 5 messages"), "{out}");
+}

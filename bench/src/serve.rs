@@ -1,0 +1,515 @@
+//! `history-bench serve` (`cargo xtask bench serve`): a real `history-host serve` (release)
+//! on a free loopback port, driven over HTTP by many concurrent clients, each sending the
+//! turns of its sessions one at a time: turns per second, turn latency p50/p99 and the
+//! server's peak RSS (VmHWM), beside a floor measured in the same run — the same requests
+//! to a `serve` whose chain is the pass-through `floor` fixture — so the chain's share and
+//! the service's (HTTP, JSON, the store's durable commit) show. docs/sessions.md#performance
+//! has the figures.
+//!
+//! Each session replays its own generated agent conversation (seed = its number), split
+//! into turns at user messages as an agent would send them: about four messages a turn,
+//! so 50 turns make a session of about 200 messages. Every session is created first,
+//! then the clients send turn 1 of each of their sessions, then turn 2, …, so all
+//! sessions are live and grow together. Bounded by the turn count and a time cap.
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use history_bench::{generate, split_turns};
+use hyper::Method;
+use serde_json::{json, Value};
+
+use crate::loopback::{self, http_client, latency, round, Chain, HttpClient, Serve};
+use crate::{check_flags, flag, Result};
+
+/// A measured case: how many sessions, clients and turns.
+#[derive(Debug, Clone)]
+struct Case {
+    name: String,
+    sessions: usize,
+    clients: usize,
+    turns: usize,
+}
+
+/// The load, timing and store of a run.
+struct Settings {
+    host: PathBuf,
+    plugin_dir: PathBuf,
+    /// The floor fixture built as `default`, alone in its folder.
+    floor_dir: PathBuf,
+    /// `None`: a fresh SQLite file per run; else a PostgreSQL server, a fresh database per run.
+    postgres: Option<String>,
+    /// Hosts serving one PostgreSQL store (the clients alternate between them).
+    hosts: usize,
+    time_cap: Duration,
+}
+
+pub fn serve(args: &[String]) -> Result<()> {
+    check_flags(
+        args,
+        &[
+            "--host",
+            "--plugin-dir",
+            "--floor-dir",
+            "--sessions",
+            "--clients",
+            "--turns",
+            "--store",
+            "--hosts",
+            "--time-cap",
+        ],
+        &["--json"],
+    )?;
+    let json_out = args.iter().any(|a| a == "--json");
+    let store: Option<String> = flag(args, "--store")?;
+    let postgres = match store {
+        None => None,
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Some(url),
+        Some(other) => {
+            return Err(format!(
+                "--store {other}: expected a postgres:// URL (without it each run gets a fresh SQLite file)"
+            ))
+        }
+    };
+    let hosts = flag(args, "--hosts")?.unwrap_or(1usize);
+    if hosts == 0 || (hosts > 1 && postgres.is_none()) {
+        return Err("--hosts N (N ≥ 1) needs --store postgres://… when N > 1: hosts share one store".into());
+    }
+    let settings = Settings {
+        host: flag(args, "--host")?.ok_or("--host is required")?,
+        plugin_dir: flag(args, "--plugin-dir")?.ok_or("--plugin-dir is required")?,
+        floor_dir: flag(args, "--floor-dir")?.ok_or("--floor-dir is required")?,
+        postgres,
+        hosts,
+        time_cap: Duration::from_secs(flag(args, "--time-cap")?.unwrap_or(300u64)),
+    };
+    let custom = ["--sessions", "--clients", "--turns"]
+        .iter()
+        .any(|f| args.iter().any(|a| a == f));
+    let cases = if custom {
+        let sessions = flag(args, "--sessions")?.unwrap_or(64usize);
+        vec![Case {
+            name: format!("sessions_{sessions}"),
+            sessions,
+            clients: flag(args, "--clients")?.unwrap_or(sessions.min(64)),
+            turns: flag(args, "--turns")?.unwrap_or(50),
+        }]
+    } else {
+        vec![
+            Case {
+                name: "sessions_64".into(),
+                sessions: 64,
+                clients: 64,
+                turns: 50,
+            },
+            Case {
+                name: "live_1000".into(),
+                sessions: 1000,
+                clients: 64,
+                turns: 50,
+            },
+        ]
+    };
+    for case in &cases {
+        if case.sessions == 0 || case.clients == 0 || case.turns == 0 {
+            return Err("--sessions, --clients and --turns must be at least 1".into());
+        }
+    }
+    let machine_before = loopback::machine();
+    let mut reports = Vec::new();
+    for case in &cases {
+        let mut runs = serde_json::Map::new();
+        // The floor first: its store and caches start as cold as the chain's.
+        for chain in [Chain::Floor, Chain::Shipped] {
+            eprintln!(
+                "serve bench: {} ({} sessions, {} clients, {} turns each) on the {}…",
+                case.name,
+                case.sessions,
+                case.clients,
+                case.turns,
+                chain.name()
+            );
+            let run = run_case(&settings, case, chain)?;
+            runs.insert(chain.name().to_string(), run);
+        }
+        let ratio = |key: &str| {
+            let chain = runs["chain"][key].as_f64().unwrap_or(0.0);
+            let floor = runs["floor"][key].as_f64().unwrap_or(0.0);
+            if floor > 0.0 {
+                round(chain / floor, 3)
+            } else {
+                0.0
+            }
+        };
+        let ratios = json!({
+            "turns_per_s": ratio("turns_per_s"),
+            "p50": runs["chain"]["latency"]["p50_ms"].as_f64().zip(runs["floor"]["latency"]["p50_ms"].as_f64()).map(|(c, f)| round(c / f.max(1e-9), 3)),
+            "p99": runs["chain"]["latency"]["p99_ms"].as_f64().zip(runs["floor"]["latency"]["p99_ms"].as_f64()).map(|(c, f)| round(c / f.max(1e-9), 3)),
+            "peak_rss": ratio("peak_rss_mb"),
+        });
+        reports.push(json!({
+            "case": case.name,
+            "sessions": case.sessions,
+            "clients": case.clients,
+            "turns_per_session": case.turns,
+            "chain": runs["chain"],
+            "floor": runs["floor"],
+            "chain_over_floor": ratios,
+        }));
+    }
+    let report = json!({
+        "store": if settings.postgres.is_some() { "postgres" } else { "sqlite" },
+        "hosts": settings.hosts,
+        "machine_before": machine_before,
+        "machine_after": loopback::machine(),
+        "targets": {"turns_per_s": 2000, "p99_ms": 20, "peak_rss_mb_1000_sessions": 300},
+        "cases": reports,
+    });
+    if json_out {
+        println!("{report}");
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// One `serve` (or several on one PostgreSQL database), its sessions created, the load
+/// run, its figures read, stopped; its store removed.
+fn run_case(settings: &Settings, case: &Case, chain: Chain) -> Result<Value> {
+    let work = settings
+        .plugin_dir
+        .join(format!("serve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let (config, stages) = match chain {
+        Chain::Shipped => {
+            let stages = loopback::shipped_stages(&settings.plugin_dir)?;
+            (
+                loopback::write_config(&settings.plugin_dir, &stages, "serve")?,
+                stages,
+            )
+        }
+        Chain::Floor => {
+            let fixture = settings
+                .floor_dir
+                .join(plugin_api::naming::library_file_name("default"));
+            if !fixture.exists() {
+                return Err(format!(
+                    "{} is missing: run the bench with `cargo xtask bench serve`",
+                    fixture.display()
+                ));
+            }
+            let config = loopback::write_config(&settings.floor_dir, &["default".to_string()], "serve")?;
+            (config, vec!["floor (built as default)".to_string()])
+        }
+    };
+    let database = match &settings.postgres {
+        Some(url) => Some(postgres::Database::create(
+            url,
+            &format!("{}_{}", case.name, chain.name()),
+        )?),
+        None => None,
+    };
+    let store = match &database {
+        Some(database) => database.url.clone(),
+        None => work
+            .join(format!("{}-{}.db", case.name, chain.name()))
+            .display()
+            .to_string(),
+    };
+    let mut servers = Vec::new();
+    for host in 0..settings.hosts {
+        let log = work.join(format!("{}-{}-{host}.log", case.name, chain.name()));
+        servers.push(Serve::start(&settings.host, &config, &["--store", &store], &log)?);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let load = runtime.block_on(drive(&addrs, case, settings.time_cap));
+    let peak_rss = servers
+        .iter()
+        .map(Serve::peak_rss_mb)
+        .collect::<Result<Vec<f64>>>()
+        .map(|all| all.into_iter().fold(0.0, f64::max));
+    for server in servers {
+        server.stop()?;
+    }
+    let load = load?;
+    let peak_rss = peak_rss?;
+    if let Some(database) = database {
+        database.drop_it()?;
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(json!({
+        "stages": stages,
+        "turns": load.latencies.len(),
+        "turns_planned": case.sessions * case.turns,
+        "capped": load.capped,
+        "errors": load.errors,
+        "first_error": load.first_error,
+        "seconds": round(load.elapsed.as_secs_f64(), 3),
+        "turns_per_s": round(load.latencies.len() as f64 / load.elapsed.as_secs_f64().max(1e-9), 1),
+        "latency": latency(&load.latencies),
+        "create_s": round(load.create.as_secs_f64(), 3),
+        "messages_sent": load.messages,
+        "peak_rss_mb": round(peak_rss, 1),
+    }))
+}
+
+/// What the clients measured.
+struct Load {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+    create: Duration,
+    capped: bool,
+    errors: usize,
+    first_error: Option<String>,
+    messages: usize,
+}
+
+/// One session's turns, as request bodies.
+fn session_turns(seed: u64, turns: usize) -> Vec<Bytes> {
+    let history = generate(turns, seed);
+    split_turns(history, |m: &Value| m["role"] == "user")
+        .into_iter()
+        .take(turns)
+        .map(|messages| Bytes::from(json!({ "messages": messages }).to_string()))
+        .collect()
+}
+
+/// Creates every session, then runs the turns: `clients` tasks, each sending the turns of
+/// its sessions (session `s` belongs to client `s % clients`) round by round, one request
+/// at a time; turn `t` of session `s` goes to host `(s + t) % hosts`.
+async fn drive(addrs: &[String], case: &Case, cap: Duration) -> Result<Load> {
+    // Built before the clock starts: generating is the bench's work, not the server's.
+    let bodies: Vec<Vec<Bytes>> = (0..case.sessions)
+        .map(|s| session_turns(s as u64 + 1, case.turns))
+        .collect();
+    let messages = bodies
+        .iter()
+        .flatten()
+        .map(|b| {
+            serde_json::from_slice::<Value>(b).map_or(0, |v| v["messages"].as_array().map_or(0, Vec::len))
+        })
+        .sum();
+    let client = http_client(case.clients);
+    let started = Instant::now();
+    let mut ids = vec![String::new(); case.sessions];
+    for (s, id) in ids.iter_mut().enumerate() {
+        let url = format!("http://{}/v1/sessions", addrs[s % addrs.len()]);
+        let answer = loopback::request(&client, Method::POST, &url, Bytes::from_static(b"{}")).await?;
+        if answer.status != 201 {
+            return Err(format!("creating a session: {}", answer.describe()));
+        }
+        *id = answer.json()["id"]
+            .as_str()
+            .ok_or("no id in the create answer")?
+            .to_string();
+    }
+    let create = started.elapsed();
+    let bodies = Rc::new(bodies);
+    let ids = Rc::new(ids);
+    let addrs = Rc::new(addrs.to_vec());
+    let deadline = Instant::now() + cap;
+    let started = Instant::now();
+    let local = tokio::task::LocalSet::new();
+    let mut tasks = Vec::new();
+    for c in 0..case.clients {
+        let (client, bodies, ids, addrs) = (client.clone(), bodies.clone(), ids.clone(), addrs.clone());
+        let sessions: Vec<usize> = (c..case.sessions).step_by(case.clients).collect();
+        tasks.push(local.spawn_local(async move {
+            client_loop(&client, &addrs, &ids, &bodies, &sessions, deadline).await
+        }));
+    }
+    let mut load = Load {
+        latencies: Vec::with_capacity(case.sessions * case.turns),
+        elapsed: Duration::ZERO,
+        create,
+        capped: false,
+        errors: 0,
+        first_error: None,
+        messages,
+    };
+    local
+        .run_until(async {
+            for task in tasks {
+                let part = task.await.map_err(|e| e.to_string())?;
+                load.latencies.extend(part.latencies);
+                load.capped |= part.capped;
+                load.errors += part.errors;
+                if load.first_error.is_none() {
+                    load.first_error = part.first_error;
+                }
+            }
+            Ok::<_, String>(())
+        })
+        .await?;
+    load.elapsed = started.elapsed();
+    Ok(load)
+}
+
+/// One client's share of the turns: round by round over its sessions.
+async fn client_loop(
+    client: &HttpClient,
+    addrs: &[String],
+    ids: &[String],
+    bodies: &[Vec<Bytes>],
+    sessions: &[usize],
+    deadline: Instant,
+) -> Load {
+    let mut load = Load {
+        latencies: Vec::new(),
+        elapsed: Duration::ZERO,
+        create: Duration::ZERO,
+        capped: false,
+        errors: 0,
+        first_error: None,
+        messages: 0,
+    };
+    let rounds = sessions.iter().map(|&s| bodies[s].len()).max().unwrap_or(0);
+    for turn in 0..rounds {
+        for &s in sessions {
+            let Some(body) = bodies[s].get(turn) else { continue };
+            if Instant::now() > deadline {
+                load.capped = true;
+                return load;
+            }
+            let url = format!(
+                "http://{}/v1/sessions/{}/turns",
+                addrs[(s + turn) % addrs.len()],
+                ids[s]
+            );
+            let sent = Instant::now();
+            let answer = loopback::request(client, Method::POST, &url, body.clone()).await;
+            let took = sent.elapsed();
+            match answer {
+                Ok(answer) if answer.status == 200 => load.latencies.push(took),
+                Ok(answer) => {
+                    load.errors += 1;
+                    load.first_error.get_or_insert_with(|| answer.describe());
+                }
+                Err(e) => {
+                    load.errors += 1;
+                    load.first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+    load
+}
+
+fn print_table(r: &Value) {
+    println!(
+        "store: {}   hosts: {}   machine before: {}   after: {}",
+        r["store"], r["hosts"], r["machine_before"], r["machine_after"]
+    );
+    println!("targets: ≥ 2000 turns/s, p99 ≤ 20 ms, peak RSS ≤ 300 MB with 1000 live sessions");
+    for case in r["cases"].as_array().into_iter().flatten() {
+        println!();
+        println!(
+            "{}: {} sessions, {} clients, {} turns each",
+            case["case"], case["sessions"], case["clients"], case["turns_per_session"]
+        );
+        for name in ["chain", "floor"] {
+            let run = &case[name];
+            println!(
+                "  {name:<6} {:>8} turns/s   p50 {:>8} ms   p99 {:>8} ms   max {:>8} ms   peak RSS {:>7} MB   {} turns in {} s{}{}",
+                run["turns_per_s"],
+                run["latency"]["p50_ms"],
+                run["latency"]["p99_ms"],
+                run["latency"]["max_ms"],
+                run["peak_rss_mb"],
+                run["turns"],
+                run["seconds"],
+                if run["capped"] == true { " (time cap reached)" } else { "" },
+                if run["errors"].as_u64().unwrap_or(0) > 0 {
+                    format!("   {} errors, first: {}", run["errors"], run["first_error"])
+                } else {
+                    String::new()
+                }
+            );
+        }
+        println!("  chain/floor: {}", case["chain_over_floor"]);
+    }
+}
+
+/// A fresh PostgreSQL database per run, made through the server `--store` names and
+/// dropped after: the bench's sessions never mix with anything else there.
+mod postgres {
+    use crate::Result;
+
+    pub struct Database {
+        server: String,
+        name: String,
+        pub url: String,
+    }
+
+    impl Database {
+        pub fn create(server: &str, label: &str) -> Result<Database> {
+            let name = format!("history_bench_{}_{label}", std::process::id());
+            let mut client = ::postgres::Client::connect(server, ::postgres::NoTls)
+                .map_err(|e| format!("--store: cannot reach PostgreSQL: {e}"))?;
+            client
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .map_err(|e| format!("--store: cannot create database {name}: {e}"))?;
+            Ok(Database {
+                url: with_database(server, &name),
+                server: server.to_string(),
+                name,
+            })
+        }
+
+        pub fn drop_it(self) -> Result<()> {
+            let mut client = ::postgres::Client::connect(&self.server, ::postgres::NoTls)
+                .map_err(|e| format!("cannot reach PostgreSQL: {e}"))?;
+            client
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+                .map_err(|e| format!("cannot drop database {}: {e}", self.name))
+        }
+    }
+
+    /// `url` with its database replaced by `database`.
+    pub(super) fn with_database(url: &str, database: &str) -> String {
+        let (base, query) = match url.split_once('?') {
+            Some((base, query)) => (base, Some(query)),
+            None => (url, None),
+        };
+        let scheme_end = base.find("://").map_or(0, |i| i + 3);
+        let host_end = base[scheme_end..]
+            .find('/')
+            .map_or(base.len(), |i| scheme_end + i);
+        let mut out = format!("{}/{database}", &base[..host_end]);
+        if let Some(query) = query {
+            out.push('?');
+            out.push_str(query);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sessions_turns_start_at_user_messages_and_are_bounded() {
+        let turns = session_turns(3, 5);
+        assert_eq!(turns.len(), 5);
+        for body in &turns {
+            let value: Value = serde_json::from_slice(body).unwrap();
+            let messages = value["messages"].as_array().unwrap();
+            assert!(messages.iter().any(|m| m["role"] == "user"), "{value}");
+        }
+    }
+
+    #[test]
+    fn a_database_is_named_in_the_url() {
+        assert_eq!(
+            postgres::with_database("postgres://u@h:5432/test?sslmode=disable", "b"),
+            "postgres://u@h:5432/b?sslmode=disable"
+        );
+    }
+}
