@@ -5,8 +5,10 @@
 //! own at start, fd 0 then reads `/dev/null` and fd 1 points at stderr, so a plugin that
 //! reads stdin, prints or closes fd 1 cannot touch the frames (as `output` keeps the
 //! host's stdout). The plugin's log lines go back to the host as frames, which logs them
-//! under the plugin's name; token counts and summaries are this process's own services,
-//! the same code as the host's.
+//! under the plugin's name; token counts are this process's own service, the same code as
+//! the host's. Summaries are this process's too, and it connects no `[summarizer]`: an
+//! isolated plugin's `ctx.summarize()` answers "no summarizer is configured"
+//! (docs/chain.md#isolation).
 
 use std::fs::File;
 use std::io::{self, Write};
