@@ -342,18 +342,7 @@ fn print_table(r: &Value) {
         "latency, one client, {} requests each (direct and proxied alternating):",
         l["requests"]
     );
-    println!(
-        "  direct   p50 {:>8} ms   p99 {:>8} ms",
-        l["direct"]["p50_ms"], l["direct"]["p99_ms"]
-    );
-    println!(
-        "  proxy    p50 {:>8} ms   p99 {:>8} ms",
-        l["proxy"]["p50_ms"], l["proxy"]["p99_ms"]
-    );
-    println!(
-        "  added    p50 {:>8} ms   p99 {:>8} ms   (targets ≤ 2, ≤ 5)",
-        l["added_p50_ms"], l["added_p99_ms"]
-    );
+    print_direct_proxy_added(l, "   (targets ≤ 2, ≤ 5)");
     let t = &r["throughput"];
     println!();
     println!("throughput, {} concurrent clients:", t["clients"]);
@@ -370,21 +359,24 @@ fn print_table(r: &Value) {
     let f = &r["first_byte"];
     println!();
     println!("first streamed byte, {} requests each:", f["requests"]);
-    println!(
-        "  direct   p50 {:>8} ms   p99 {:>8} ms",
-        f["direct"]["p50_ms"], f["direct"]["p99_ms"]
-    );
-    println!(
-        "  proxy    p50 {:>8} ms   p99 {:>8} ms",
-        f["proxy"]["p50_ms"], f["proxy"]["p99_ms"]
-    );
-    println!(
-        "  added    p50 {:>8} ms   p99 {:>8} ms",
-        f["added_p50_ms"], f["added_p99_ms"]
-    );
+    print_direct_proxy_added(f, "");
     let c = &r["token_cache"];
     println!();
     println!("token cache: first request {}", c["first_request"]);
     println!("             every request after it {}", c["every_request_after"]);
     println!("serve peak RSS {} MB", r["serve_peak_rss_mb"]);
+}
+
+/// A section's direct and proxied p50/p99, and what the proxy added (`note` after it).
+fn print_direct_proxy_added(section: &Value, note: &str) {
+    for name in ["direct", "proxy"] {
+        println!(
+            "  {name:<8} p50 {:>8} ms   p99 {:>8} ms",
+            section[name]["p50_ms"], section[name]["p99_ms"]
+        );
+    }
+    println!(
+        "  added    p50 {:>8} ms   p99 {:>8} ms{note}",
+        section["added_p50_ms"], section["added_p99_ms"]
+    );
 }
