@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
 
 use plugin_api::echo;
 use sha2::{Digest, Sha256};
@@ -25,6 +26,9 @@ pub const NO_SUMMARIZER: &str = "no summarizer is configured ([summarizer] in pl
 /// What `summarize` answers when `[summarizer]` is configured in a program that installed
 /// no client (a test harness, the bench).
 pub const NO_CLIENT: &str = "[summarizer] is configured, but this program has no summarizer client";
+
+/// Below this much of its `timeout_ms` left, a plugin call's next request is not sent.
+const MIN_REQUEST_TIME: Duration = Duration::from_millis(10);
 
 /// Entries the in-memory cache holds before it forgets its oldest.
 pub const MEMORY_CACHE_ENTRIES: usize = 4096;
@@ -40,6 +44,9 @@ pub struct SummaryRequest<'a> {
     pub target_chars: usize,
     /// What the summary is for (the plugin's words).
     pub purpose: &'a str,
+    /// How long the call may take, connecting and reading included: `timeout_ms`, or what
+    /// is left of it in this plugin call ([`summarize`]).
+    pub timeout: Duration,
 }
 
 /// Something that makes summaries: the HTTP client a binary installs. It answers within
@@ -91,6 +98,8 @@ struct Active {
     client: Arc<dyn Summarizer>,
     model: String,
     max_chars_in: usize,
+    /// `timeout_ms`: the time one plugin call may spend waiting for summaries, in all.
+    timeout: Duration,
 }
 
 static CLIENT: OnceLock<Connect> = OnceLock::new();
@@ -123,6 +132,7 @@ pub fn connect(config: &Config) -> Result<Connected, ConfigError> {
                 client,
                 model: settings.model.clone(),
                 max_chars_in: usize::try_from(settings.max_chars_in).unwrap_or(usize::MAX),
+                timeout: Duration::from_millis(settings.timeout_ms),
             })))
         }
     }))
@@ -179,6 +189,11 @@ fn first_chars(text: &str, chars: usize) -> (&str, usize) {
 /// A summary of `text` in at most `target_chars` characters, for `purpose`: from the
 /// cache, else from the configured summarizer (then cached). An `Err` says why there is
 /// none; the plugin falls back.
+///
+/// The time a plugin call waits here does not count against its `plugin_timeout_ms`
+/// (`deadline::in_host_service`); instead one plugin call may wait for summaries for
+/// `timeout_ms` in all, so a plugin asking for many is bounded too: past it each request
+/// is an error at once (docs/chain.md#deadline).
 pub fn summarize(text: &str, target_chars: usize, purpose: &str) -> Result<String, String> {
     let active = ACTIVE.read().unwrap_or_else(|e| e.into_inner()).clone();
     let active = match active {
@@ -195,14 +210,25 @@ pub fn summarize(text: &str, target_chars: usize, purpose: &str) -> Result<Strin
         tracing::debug!("summarizer: cached summary of {} bytes", text.len());
         return Ok(summary);
     }
+    let spent = crate::deadline::host_service_spent().unwrap_or_default();
+    let timeout = active.timeout.saturating_sub(spent);
+    if timeout < MIN_REQUEST_TIME {
+        return Err(format!(
+            "this plugin call has already waited {} ms for summaries, its whole [summarizer] timeout_ms ({} ms)",
+            spent.as_millis(),
+            active.timeout.as_millis()
+        ));
+    }
     let (cut, original_chars) = first_chars(text, active.max_chars_in);
     let request = SummaryRequest {
         text: cut,
         original_chars,
         target_chars,
         purpose,
+        timeout,
     };
-    let reply = active.client.summarize(&request).map_err(|e| echo::text(&e))?;
+    let reply =
+        crate::deadline::in_host_service(|| active.client.summarize(&request)).map_err(|e| echo::text(&e))?;
     let (summary, _) = first_chars(reply.trim(), target_chars);
     if summary.is_empty() {
         return Err("the summarizer answered an empty summary".to_string());

@@ -114,8 +114,21 @@ fn answer_text(answer: &str) -> Result<String, String> {
 }
 
 impl ChatCompletions {
+    /// "within timeout_ms (N ms)", or the part of it a plugin call had left.
+    fn within(&self, timeout: Duration) -> String {
+        let ms = timeout.as_millis();
+        if ms >= u128::from(self.timeout_ms) {
+            format!("within timeout_ms ({ms} ms)")
+        } else {
+            format!(
+                "within the {ms} ms this plugin call had left of timeout_ms ({} ms)",
+                self.timeout_ms
+            )
+        }
+    }
+
     /// Why a call failed, in one line.
-    fn failure(&self, error: ureq::Error) -> String {
+    fn failure(&self, error: ureq::Error, timeout: Duration) -> String {
         match error {
             ureq::Error::Status(status, response) => {
                 let text = response.into_string().unwrap_or_default();
@@ -133,8 +146,9 @@ impl ChatCompletions {
                 let text = transport.to_string();
                 if text.contains("timed out") || text.contains("Resource temporarily unavailable") {
                     format!(
-                        "no answer from the summarizer at {} within timeout_ms ({} ms)",
-                        self.endpoint, self.timeout_ms
+                        "no answer from the summarizer at {} {}",
+                        self.endpoint,
+                        self.within(timeout)
                     )
                 } else {
                     format!(
@@ -158,14 +172,16 @@ impl Summarizer for ChatCompletions {
             call = call.set("Authorization", &format!("Bearer {key}"));
         }
         let response = call
+            .timeout(request.timeout)
             .send_string(&body(&self.model, request).to_string())
-            .map_err(|e| self.failure(e))?;
+            .map_err(|e| self.failure(e, request.timeout))?;
         let answer = response.into_string().map_err(|e| {
             let e = e.to_string();
             if e.contains("timed out") {
                 format!(
-                    "no answer from the summarizer at {} within timeout_ms ({} ms)",
-                    self.endpoint, self.timeout_ms
+                    "no answer from the summarizer at {} {}",
+                    self.endpoint,
+                    self.within(request.timeout)
                 )
             } else {
                 format!("cannot read the summarizer's answer: {}", echo::text(&e))
@@ -185,6 +201,7 @@ mod tests {
             original_chars,
             target_chars: 300,
             purpose: "an expired tool result",
+            timeout: Duration::from_millis(100),
         }
     }
 

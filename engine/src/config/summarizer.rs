@@ -40,13 +40,13 @@ fn is_env_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Reads and checks the `[summarizer]` table. `plugin_timeout_ms` is `[history]`'s: a
-/// plugin waits for its summary inside its own call, so one summary must take less.
+/// Reads and checks the `[summarizer]` table. Its `timeout_ms` is independent of
+/// `[history] plugin_timeout_ms`: the time a plugin waits for summaries does not count
+/// against its deadline (docs/chain.md#deadline).
 pub(super) fn read(
     reader: &Reader<'_>,
     root: &Table,
     table: &Table,
-    plugin_timeout_ms: u64,
 ) -> Result<SummarizerConfig, ConfigError> {
     // An error about the table as a whole points at its header.
     let at = table
@@ -107,17 +107,6 @@ pub(super) fn read(
     let timeout_ms = reader
         .integer(table, "timeout_ms", PLACE, 1)?
         .unwrap_or(DEFAULT_SUMMARIZER_TIMEOUT_MS);
-    if plugin_timeout_ms != 0 && timeout_ms >= plugin_timeout_ms {
-        let message = format!(
-            "`timeout_ms` in {PLACE} ({timeout_ms}{}) must be below [history] plugin_timeout_ms ({plugin_timeout_ms}): \
-             a plugin waits for its summary within its own call, and a call past plugin_timeout_ms quarantines the plugin",
-            if table.contains_key("timeout_ms") { "" } else { ", the default" },
-        );
-        return Err(match table.contains_key("timeout_ms") {
-            true => reader.key_error(table, "timeout_ms", message),
-            false => reader.error(at.clone(), message),
-        });
-    }
     let max_chars_in = reader
         .integer(table, "max_chars_in", PLACE, 1)?
         .unwrap_or(DEFAULT_SUMMARIZER_MAX_CHARS_IN);

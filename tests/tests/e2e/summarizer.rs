@@ -238,6 +238,66 @@ fn a_summarizer_slower_than_timeout_ms_is_a_fallback_with_the_reason() {
     assert!(stderr.contains("(an earlier call in this turn)"), "{stderr}");
 }
 
+/// `config` with the plugin deadline `plugin_timeout_ms` instead of 10 s.
+fn config_with_deadline(url: &str, model: &str, timeout_ms: u64, plugin_timeout_ms: u64) -> TestConfig {
+    TestConfig::new(&format!(
+        "[history]\nchain = [\"default\", \"retention\"]\non_plugin_error = \"fail\"\nplugin_timeout_ms = {plugin_timeout_ms}\n\
+         [summarizer]\nurl = \"{url}\"\nmodel = \"{model}\"\ntimeout_ms = {timeout_ms}\n\
+         [plugin.retention.tools.search]\nturns = 1\nmode = \"compact\"\ncompact_mode = \"ai_summary\"\ncompact_length = 100\n"
+    ))
+}
+
+#[test]
+fn waiting_for_the_summarizer_does_not_count_against_the_plugin_deadline() {
+    // The summary takes 800 ms; retention's own deadline is 300 ms. Under `fail` a late
+    // call would fail the run: the wait is the host's, so the summary is used.
+    let upstream = Upstream::start(Behaviour {
+        slow: Duration::from_millis(800),
+        ..Behaviour::default()
+    });
+    let config = config_with_deadline(&upstream.base_url(), "slow", 5000, 300);
+    let (out, stderr) = process(&config, &history_with_a_text_twice());
+    for index in [2, 6] {
+        assert_eq!(out[index]["content"], format!("{PREFIX}{ANSWER}"), "{stderr}");
+    }
+    assert!(!stderr.contains("did not return within"), "{stderr}");
+    assert_eq!(chat_requests(&upstream).len(), 1);
+}
+
+#[test]
+fn one_plugin_call_waits_for_summaries_at_most_timeout_ms_in_all() {
+    // Two texts, 700 ms each, with timeout_ms = 1000 for the whole call: the first is
+    // answered, the second may wait only what is left (about 300 ms) and falls back.
+    let upstream = Upstream::start(Behaviour {
+        slow: Duration::from_millis(700),
+        ..Behaviour::default()
+    });
+    let config = config_with_deadline(&upstream.base_url(), "slow", 1000, 300);
+    let mut history = history_with_a_text_twice();
+    for message in history.as_array_mut().unwrap().iter_mut() {
+        if message["role"] == "tool" && message["tool_call_id"] == "s2" {
+            message["content"] = j!(result_text(1));
+        }
+    }
+    let started = std::time::Instant::now();
+    let (out, stderr) = process(&config, &history);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let summarized = [2, 6]
+        .iter()
+        .filter(|&&i| out[i]["content"] == format!("{PREFIX}{ANSWER}"))
+        .count();
+    assert_eq!(summarized, 1, "one text summarized, one fell back: {stderr}");
+    assert!(
+        stderr.contains("ms this plugin call had left of timeout_ms (1000 ms)"),
+        "the reason names the call's budget: {stderr}"
+    );
+    assert!(!stderr.contains("did not return within"), "{stderr}");
+}
+
 /// Runs `turns` (each a turn's messages) in a new session; returns the working history.
 fn session_turns(server: &Server, turns: &[Vec<Value>]) -> Value {
     let id = server.create("gpt-4o");
