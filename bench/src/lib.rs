@@ -3,6 +3,7 @@
 //! is the `history-bench` binary (`src/main.rs`).
 
 pub mod generator;
+pub mod hashing;
 
 use std::time::Duration;
 

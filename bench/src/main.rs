@@ -34,6 +34,10 @@
 //!   worst cases (a megabyte of one letter, and of random A/C/G/T: each a single piece for
 //!   the byte-pair merge), and the bytes tokenized during a replay over the bytes that
 //!   entered it (1.0 = nothing tokenized twice).
+//! - **dedupe's hashing**: the replay's history through `dedupe` alone, each turn's whole
+//!   working history handed back with the next turn's messages; the bytes `dedupe` hashed
+//!   (its own count, from its log lines: [`history_bench::hashing`]) over the tool results'
+//!   bytes that entered. 1.0 = each result hashed once.
 //! - **peak RSS** of the process after the replays (VmHWM).
 
 mod big;
@@ -618,6 +622,18 @@ fn run(args: &[String]) -> Result<()> {
     let first = &chain_runs[0];
     let tokenized_ratio = first.bytes_tokenized as f64 / first.bytes_entered.max(1) as f64;
 
+    // dedupe alone on the replay, every turn's working history handed back whole (nothing
+    // trims it): the bytes it hashed against the tool results' bytes that entered.
+    let hashing = match bench.strategies.iter().find(|(name, _)| *name == "dedupe") {
+        Some((_, chain)) => Some(history_bench::hashing::replay(
+            chain,
+            &bench.config,
+            &bench.model,
+            parse(&replay_history)?,
+        )?),
+        None => None,
+    };
+
     let single_values = generate_messages(SINGLE_MESSAGES, seed.wrapping_add(1));
     let (chain_single, floor_single) = singles(&bench, &single_values, WARM_CALLS)?;
     let strategies_single = strategy_singles(&bench, &single_values, WARM_CALLS)?;
@@ -676,6 +692,14 @@ fn run(args: &[String]) -> Result<()> {
             "counting_s": round(counting.as_secs_f64(), 4),
             "ratio_to_floor_and_counting": round(ratio(total, floor_total + counting), 3),
         },
+        // Bytes dedupe hashed (its own count) / tool-result bytes that entered, over the
+        // replay through dedupe alone; null when dedupe is not installed.
+        "dedupe_hashing": hashing.map(|h| json!({
+            "turns": h.turns,
+            "bytes_entered": h.bytes_entered,
+            "bytes_hashed": h.bytes_hashed,
+            "ratio": round(h.ratio(), 4),
+        })),
         "single": {
             "messages": single_values.len(),
             "cold_ms": round(ms(chain_single.cold.total), 3),
@@ -759,6 +783,13 @@ fn print_table(r: &Value) {
         "  counting every message once: {} s; ratio to floor + counting {}",
         replay["counting_s"], replay["ratio_to_floor_and_counting"]
     );
+    let hashing = &r["dedupe_hashing"];
+    if !hashing.is_null() {
+        println!(
+            "  dedupe alone: {} bytes hashed / {} tool-result bytes entered = {} over {} turns",
+            hashing["bytes_hashed"], hashing["bytes_entered"], hashing["ratio"], hashing["turns"]
+        );
+    }
     println!();
     println!("single     one call on {} messages", single["messages"]);
     println!(

@@ -29,15 +29,19 @@ pub(crate) extern "C" fn summarize(
     target_chars: u64,
     purpose: RStr<'_>,
 ) -> RResult<RString, RString> {
-    let target_chars = usize::try_from(target_chars).unwrap_or(usize::MAX);
-    // No panic crosses back into the plugin: a bug here is one more error it falls back from.
-    let answer =
-        std::panic::catch_unwind(|| summarizer::summarize(text.as_str(), target_chars, purpose.as_str()))
-            .unwrap_or_else(|_| Err("the host's summarizer failed (a bug: see the log)".to_string()));
-    match answer {
+    match summarize_text(text.as_str(), target_chars, purpose.as_str()) {
         Ok(summary) => ROk(summary.into()),
         Err(reason) => RErr(reason.into()),
     }
+}
+
+/// The host's answer to a plugin's `summarize`, in-process or sent by an isolated
+/// plugin's worker (docs/chain.md#isolation): the configured summarizer and its cache.
+pub(crate) fn summarize_text(text: &str, target_chars: u64, purpose: &str) -> Result<String, String> {
+    let target_chars = usize::try_from(target_chars).unwrap_or(usize::MAX);
+    // No panic crosses back into the plugin: a bug here is one more error it falls back from.
+    std::panic::catch_unwind(|| summarizer::summarize(text, target_chars, purpose))
+        .unwrap_or_else(|_| Err("the host's summarizer failed (a bug: see the log)".to_string()))
 }
 
 /// Holds the static instance.

@@ -14,6 +14,9 @@ use super::codec::Encoder;
 pub(crate) const LOAD: u8 = 1;
 /// Host → worker: call `process` or `on_model_switch` (the call, the context, the history).
 pub(crate) const CALL: u8 = 2;
+/// Host → worker, during a call: the answer to the worker's [`SUMMARIZE`] (0 and the
+/// summary, or 1 and why there is none).
+pub(crate) const SUMMARY: u8 = 3;
 /// Worker → host: the plugin is built (name, version).
 pub(crate) const LOADED: u8 = 10;
 /// Worker → host: the library is refused (the reason in one line, an optional detail).
@@ -27,6 +30,9 @@ pub(crate) const LOG: u8 = 13;
 pub(crate) const OUTPUT: u8 = 14;
 /// Worker → host: the call's error (the plugin's own words, or its panic).
 pub(crate) const ERROR: u8 = 15;
+/// Worker → host, during a call: the plugin's `ctx.summarize()` (text, target characters,
+/// purpose); the worker waits for the host's [`SUMMARY`].
+pub(crate) const SUMMARIZE: u8 = 16;
 
 /// In a call's output: an input message passed through, by its index in the input.
 pub(crate) const SAME: u8 = 0;

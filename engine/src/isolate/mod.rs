@@ -18,6 +18,9 @@
 //! - What crosses is binary ([`codec`]) in length-prefixed frames ([`framing`]); an output
 //!   message that is an input message passed through comes back as its index and the
 //!   host uses its own, so the output check sees what it would in-process.
+//! - A plugin's `ctx.summarize()` is answered by the host: the worker sends a SUMMARIZE
+//!   frame in the middle of the call, and the host answers it with its own summarizer and
+//!   cache ([`crate::summarizer`], as in-process) within what is left of the deadline.
 
 mod codec;
 mod framing;
@@ -27,7 +30,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use plugin_api::{echo, Context, LogLevel, Message, ModelInfo, Output, RArc, RVec};
@@ -285,17 +288,39 @@ impl IsolatedPlugin {
         loop {
             let frame = match worker.answers.read(deadline) {
                 Ok(frame) => frame,
-                Err(ReadFailure::Late) => {
-                    let pid = worker.pid();
-                    drop(worker);
-                    return Err(format!(
-                        "did not return within {} ms (plugin_timeout_ms); its worker (pid {pid}) was killed, and a new one starts at the next call",
-                        limit.unwrap_or_default().as_millis()
-                    ));
-                }
+                Err(ReadFailure::Late) => return Err(late(worker, limit)),
                 Err(_) => return Err(format!("{}; {NEXT_CALL}", worker.died("during the call"))),
             };
             let (kind, mut answer) = (frame.kind(), Decoder::new(frame.payload()));
+            if kind == framing::SUMMARIZE {
+                let request = summarize_request(&mut answer);
+                let Ok((text, target_chars, purpose)) = request else {
+                    return Err(format!(
+                        "its worker (pid {}) asked for a summary in a broken frame and was killed; a new one starts at the next call",
+                        worker.pid()
+                    ));
+                };
+                // The host's own summarizer and cache, as for an in-process plugin, and
+                // within what is left of the call's deadline.
+                let Some(summary) = summarize_by(deadline, text, target_chars, purpose) else {
+                    return Err(late(worker, limit));
+                };
+                let mut reply = framing::frame(framing::SUMMARY);
+                match summary {
+                    Ok(summary) => {
+                        reply.u8(0);
+                        reply.str(&summary);
+                    }
+                    Err(reason) => {
+                        reply.u8(1);
+                        reply.str(&reason);
+                    }
+                }
+                if framing::send(&mut worker.requests, reply).is_err() {
+                    return Err(format!("{}; {NEXT_CALL}", worker.died("during the call")));
+                }
+                continue;
+            }
             let decoded = match kind {
                 framing::LOG => self.log(&mut answer).map(|_| None),
                 framing::OUTPUT => decode_output(&mut answer, history).map(|output| Some(Ok(output))),
@@ -319,6 +344,54 @@ impl IsolatedPlugin {
                 }
             }
         }
+    }
+}
+
+/// The error of a call past its deadline `limit`; kills the worker.
+fn late(worker: WorkerProcess, limit: Option<Duration>) -> String {
+    let pid = worker.pid();
+    drop(worker);
+    format!(
+        "did not return within {} ms (plugin_timeout_ms); its worker (pid {pid}) was killed, and a new one starts at the next call",
+        limit.unwrap_or_default().as_millis()
+    )
+}
+
+/// A worker's request for a summary: the text, the target in characters, the purpose.
+fn summarize_request(frame: &mut Decoder<'_>) -> Decoded<(String, u64, String)> {
+    let request = (frame.str()?.to_string(), frame.u64()?, frame.str()?.to_string());
+    frame.finish()?;
+    Ok(request)
+}
+
+/// The host's summary for an isolated plugin's request, or `None` when `deadline` passed
+/// first. Under a deadline the summarizer runs on a thread of its own, so a slow one
+/// cannot hold the call past it; left running, it ends within `[summarizer] timeout_ms`
+/// and its answer is cached for the next call.
+fn summarize_by(
+    deadline: Option<Instant>,
+    text: String,
+    target_chars: u64,
+    purpose: String,
+) -> Option<Result<String, String>> {
+    let Some(deadline) = deadline else {
+        return Some(crate::services::summarize_text(&text, target_chars, &purpose));
+    };
+    let (answer, answered) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("summarize".into())
+        .spawn(move || {
+            let _ = answer.send(crate::services::summarize_text(&text, target_chars, &purpose));
+        });
+    if let Err(err) = spawned {
+        return Some(Err(format!("cannot start a thread for the summary: {err}")));
+    }
+    match answered.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(summary) => Some(summary),
+        Err(mpsc::RecvTimeoutError::Timeout) => None,
+        Err(mpsc::RecvTimeoutError::Disconnected) => Some(Err(
+            "the host's summarizer failed (a bug: see the log)".to_string(),
+        )),
     }
 }
 

@@ -6,21 +6,24 @@
 //! reads stdin, prints or closes fd 1 cannot touch the frames (as `output` keeps the
 //! host's stdout). The plugin's log lines go back to the host as frames, which logs them
 //! under the plugin's name; token counts are this process's own service, the same code as
-//! the host's. Summaries are this process's too, and it connects no `[summarizer]`: an
-//! isolated plugin's `ctx.summarize()` answers "no summarizer is configured"
-//! (docs/chain.md#isolation).
+//! the host's. A summary is the host's: `ctx.summarize()` sends a SUMMARIZE frame in the
+//! middle of the call and waits for the host's SUMMARY, answered by the host's summarizer
+//! and cache (the worker connects no `[summarizer]` of its own), within the call's
+//! deadline (docs/chain.md#isolation).
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::FromRawFd;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use abi_stable::{prefix_type::WithMetadata, staticref};
 use plugin_api::{
     HostServices, HostServicesRef, LoadContext, LogLevel, Message, PluginBox, RArc, RResult, RSlice, RStr,
+    RString,
 };
 use rustc_hash::FxHashMap;
 
@@ -41,6 +44,57 @@ fn send(frame: Encoder) -> io::Result<()> {
     }
 }
 
+/// The host's pipe, read by the request loop between calls and by `summarize` during one
+/// (which waits for the host's answer on it). Taken by one reader at a time.
+static FRAMES_IN: Mutex<Option<FrameReader<File>>> = Mutex::new(None);
+
+/// Whether a call is running: the host answers a summary request only then.
+static IN_CALL: AtomicBool = AtomicBool::new(false);
+
+/// The plugin's `summarize`: asks the host and waits for its answer.
+extern "C" fn summarize_through_host(
+    text: RStr<'_>,
+    target_chars: u64,
+    purpose: RStr<'_>,
+) -> RResult<RString, RString> {
+    match ask_host(text.as_str(), target_chars, purpose.as_str()) {
+        Ok(summary) => RResult::ROk(summary.into()),
+        Err(reason) => RResult::RErr(reason.into()),
+    }
+}
+
+fn ask_host(text: &str, target_chars: u64, purpose: &str) -> Result<String, String> {
+    if !IN_CALL.load(Ordering::SeqCst) {
+        return Err("summarize was called outside a call of the plugin".to_string());
+    }
+    // One question at a time: the answer is the next frame on the pipe.
+    let mut input = FRAMES_IN.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(input) = input.as_mut() else {
+        return Err("the worker has no pipe to its host".to_string());
+    };
+    let mut frame = framing::frame(framing::SUMMARIZE);
+    frame.str(text);
+    frame.u64(target_chars);
+    frame.str(purpose);
+    let gone = |_| "the host did not answer the summary request".to_string();
+    send(frame).map_err(gone)?;
+    // No deadline here: the host kills this worker when the call's deadline passes.
+    let answer = input
+        .read(None)
+        .map_err(|_| "the host did not answer the summary request".to_string())?;
+    let summary = (|| {
+        if answer.kind() != framing::SUMMARY {
+            return Err(Malformed(format!("an unexpected frame {}", answer.kind())));
+        }
+        let mut reply = Decoder::new(answer.payload());
+        let ok = reply.u8()? == 0;
+        let text = reply.str()?.to_string();
+        reply.finish()?;
+        Ok(if ok { Ok(text) } else { Err(text) })
+    })();
+    summary.unwrap_or_else(|Malformed(why)| Err(format!("the host's answer was broken ({why})")))
+}
+
 extern "C" fn log_to_host(level: LogLevel, message: RStr<'_>) {
     let mut frame = framing::frame(framing::LOG);
     frame.u8(level as u8);
@@ -56,11 +110,11 @@ impl Instance {
         count_text: services::count_text,
         count_content: services::count_content,
         log: log_to_host,
-        summarize: services::summarize,
+        summarize: summarize_through_host,
     }));
 }
 
-/// The worker's services: the host's, with log lines sent to the host.
+/// The worker's services: the host's, with log lines and summary requests sent to the host.
 const SERVICES: HostServicesRef = HostServicesRef(Instance::SERVICES.as_prefix());
 
 /// Moves `fd` to a new close-on-exec descriptor and points `fd` at `replacement`.
@@ -119,11 +173,15 @@ pub fn serve() -> ExitCode {
         }
     };
     *FRAMES_OUT.lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
+    *FRAMES_IN.lock().unwrap_or_else(|e| e.into_inner()) = Some(FrameReader::new(input));
     watch_parent();
-    let mut requests = FrameReader::new(input);
     let mut plugin: Option<PluginBox> = None;
     loop {
-        let frame = match requests.read(None) {
+        let next = match FRAMES_IN.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(requests) => requests.read(None),
+            None => Err(ReadFailure::Broken),
+        };
+        let frame = match next {
             Ok(frame) => frame,
             Err(ReadFailure::Closed) => return ExitCode::SUCCESS,
             Err(_) => return ExitCode::FAILURE,
@@ -216,10 +274,12 @@ fn call(instance: &PluginBox, payload: &[u8]) -> Decoded<Encoder> {
     }
     request.finish()?;
     let input = RSlice::from_slice(&history);
+    IN_CALL.store(true, Ordering::SeqCst);
     let result = match &switch {
         None => instance.process(input, &ctx),
         Some((old, new)) => instance.on_model_switch(input, &ctx, old, new),
     };
+    IN_CALL.store(false, Ordering::SeqCst);
     let output = match result {
         RResult::ROk(output) => output,
         RResult::RErr(message) => {

@@ -9,9 +9,14 @@
 //! - An expanded message (`expanded: true`) is never deduped; a placeholder is never
 //!   replaced again.
 //!
-//! Each tool result's content is hashed at most once per call (and only results long
-//! enough to take part); consecutive messages are compared directly, which stops at the
-//! first difference.
+//! Each tool result's content is hashed once per message, not once per call: the hash is
+//! remembered across calls by the message's address ([`memo`]), so a session resending its
+//! working history every turn hashes each result once. Only results long enough to take
+//! part are hashed; consecutive messages are compared directly, which stops at the first
+//! difference. Each call logs at debug what it hashed (`hashed N bytes: …`), which the
+//! bench's replay sums (docs/chain.md#performance).
+
+pub mod memo;
 
 use std::hash::{Hash, Hasher};
 
@@ -30,6 +35,7 @@ pub struct Dedupe {
     tool_results: bool,
     min_chars: usize,
     preserve_original: bool,
+    memo: memo::HashMemo,
 }
 
 /// The placeholder of a result repeated by the result of call `id` further down.
@@ -37,7 +43,7 @@ pub fn placeholder(id: &str) -> String {
     format!("[Same as the result of call {id} below]")
 }
 
-fn content_hash(content: &Content) -> u64 {
+pub(crate) fn content_hash(content: &Content) -> u64 {
     let mut hasher = FxHasher::default();
     matches!(content, Content::Text(_)).hash(&mut hasher);
     for item in content.items() {
@@ -54,23 +60,30 @@ impl Dedupe {
 
         if self.tool_results {
             let answers = answered_call_refs(history);
+            let candidates: Vec<usize> = (0..history.len())
+                .filter(|&i| {
+                    let message = &history[i];
+                    message.role == Role::Tool && !message.is_shortened() && message.call_id().is_some()
+                })
+                .collect();
+            let refs: Vec<&RArc<Message>> = candidates.iter().map(|&i| &history[i]).collect();
+            // Whether a result takes part and its hash depend on its content alone, so
+            // both are remembered with it.
+            let (hashes, stats) = self.memo.hashes(&refs, |message| {
+                (message.content.char_count() >= self.min_chars).then(|| content_hash(&message.content))
+            });
+            ctx.log().debug(&format!(
+                "hashed {} bytes: {} tool results hashed, {} remembered from earlier calls",
+                stats.bytes_hashed, stats.hashed, stats.remembered
+            ));
             // Newest first: the first result seen with a (tool, content) is the newest one.
             let mut newest: FxHashMap<(Option<&str>, u64), Vec<usize>> = FxHashMap::default();
-            for index in (0..history.len()).rev() {
+            for (&index, hash) in candidates.iter().zip(hashes).rev() {
                 let message = &history[index];
-                if message.role != Role::Tool
-                    || message.is_shortened()
-                    || message.content.char_count() < self.min_chars
-                {
-                    continue;
-                }
-                let Some(call_id) = message.call_id() else {
+                let (Some(hash), Some(call_id)) = (hash, message.call_id()) else {
                     continue;
                 };
-                let key = (
-                    tool_name(history, &answers, index),
-                    content_hash(&message.content),
-                );
+                let key = (tool_name(history, &answers, index), hash);
                 let same = newest.entry(key).or_default();
                 match same
                     .iter()
@@ -186,6 +199,7 @@ impl HistoryPlugin for Dedupe {
             tool_results,
             min_chars: usize::try_from(min_chars).unwrap_or(usize::MAX),
             preserve_original,
+            memo: memo::HashMemo::default(),
         })
     }
 

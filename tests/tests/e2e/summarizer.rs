@@ -22,8 +22,13 @@ const PREFIX: &str = "[AI Summary of 600 characters. Agent can request expansion
 /// `default` + `retention` compacting `search` results older than one turn with
 /// `ai_summary` to 100 characters, the summarizer at `url` answering within `timeout_ms`.
 fn config(url: &str, model: &str, timeout_ms: u64) -> TestConfig {
+    config_with(url, model, timeout_ms, "plugin_timeout_ms = 10000")
+}
+
+/// [`config`] with other `[history]` lines (`isolate`, the deadline).
+fn config_with(url: &str, model: &str, timeout_ms: u64, history: &str) -> TestConfig {
     TestConfig::new(&format!(
-        "[history]\nchain = [\"default\", \"retention\"]\non_plugin_error = \"fail\"\nplugin_timeout_ms = 10000\n\
+        "[history]\nchain = [\"default\", \"retention\"]\non_plugin_error = \"fail\"\n{history}\n\
          [summarizer]\nurl = \"{url}\"\nmodel = \"{model}\"\ntimeout_ms = {timeout_ms}\n\
          [plugin.retention.tools.search]\nturns = 1\nmode = \"compact\"\ncompact_mode = \"ai_summary\"\ncompact_length = 100\n"
     ))
@@ -128,6 +133,58 @@ fn ai_summary_sends_the_prompt_and_the_text_uses_the_answer_and_asks_once_per_te
     let user = body["messages"][1]["content"].as_str().unwrap();
     assert!(user.contains("the expired result of tool search"), "{user}");
     assert!(user.ends_with(&result_text(0)), "the whole text: {user}");
+}
+
+#[test]
+fn an_isolated_retention_gets_its_summary_from_the_hosts_summarizer_and_cache() {
+    // The worker connects no summarizer: the summary must come from the host's, over the
+    // pipes, and the host's cache answers the second result (one upstream call).
+    let upstream = Upstream::start(Behaviour::default());
+    let config = config_with(
+        &upstream.base_url(),
+        MODEL,
+        5000,
+        "plugin_timeout_ms = 10000\nisolate = [\"retention\"]",
+    );
+    let (out, stderr) = process(&config, &history_with_a_text_twice());
+    for index in [2, 6] {
+        assert_eq!(out[index]["content"], format!("{PREFIX}{ANSWER}"), "{stderr}");
+        assert_eq!(out[index]["metadata"]["original_content"], result_text(0));
+    }
+    assert!(!stderr.contains("fell back"), "{stderr}");
+    let requests = chat_requests(&upstream);
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let user = requests[0].json()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(user.ends_with(&result_text(0)), "the whole text: {user}");
+}
+
+#[test]
+fn an_isolated_plugin_gets_the_hosts_failure_and_falls_back_with_the_reason() {
+    // The host's summarizer gives up at its timeout_ms (below plugin_timeout_ms, as the
+    // configuration requires): its error crosses back to the worker, which falls back.
+    let upstream = Upstream::start(Behaviour {
+        slow: Duration::from_secs(60),
+        ..Behaviour::default()
+    });
+    let config = config_with(
+        &upstream.base_url(),
+        "slow",
+        500,
+        "plugin_timeout_ms = 5000\nisolate = [\"retention\"]",
+    );
+    let (out, stderr) = process(&config, &history_with_a_text_twice());
+    assert_fell_back(
+        &out,
+        &stderr,
+        &format!(
+            "no answer from the summarizer at {}/chat/completions within timeout_ms (500 ms)",
+            upstream.base_url()
+        ),
+    );
+    assert_eq!(chat_requests(&upstream).len(), 1);
 }
 
 #[test]
