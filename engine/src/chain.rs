@@ -403,7 +403,9 @@ impl Chain {
                     Call::Process => None,
                     Call::ModelSwitch { old, new } => Some((old, new)),
                 };
-                plugin.call(&state.history, ctx, switch, self.deadline)
+                crate::deadline::with_service_clock(|| {
+                    plugin.call(&state.history, ctx, switch, self.deadline)
+                })
             }
             (Runner::InProcess(instance), Some(limit), Some(shared_ctx)) => {
                 let result = self.call_with_deadline(stage, instance, state, shared_ctx, call, limit);

@@ -20,7 +20,8 @@
 //!   host uses its own, so the output check sees what it would in-process.
 //! - A plugin's `ctx.summarize()` is answered by the host: the worker sends a SUMMARIZE
 //!   frame in the middle of the call, and the host answers it with its own summarizer and
-//!   cache ([`crate::summarizer`], as in-process) within what is left of the deadline.
+//!   cache ([`crate::summarizer`], as in-process); that time is the host's, not the
+//!   plugin's, so the deadline moves by it (docs/chain.md#deadline).
 
 mod codec;
 mod framing;
@@ -30,7 +31,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use plugin_api::{echo, Context, LogLevel, Message, ModelInfo, Output, RArc, RVec};
@@ -258,8 +259,9 @@ impl IsolatedPlugin {
         switch: Option<(&ModelInfo, &ModelInfo)>,
         limit: Option<Duration>,
     ) -> Result<Output, String> {
-        // The deadline bounds the whole call, a restart of the worker included.
-        let deadline = limit.map(|limit| Instant::now() + limit);
+        // The deadline bounds the whole call, a restart of the worker included, but not the
+        // host's time answering the worker's summary requests (docs/chain.md#deadline).
+        let mut deadline = limit.map(|limit| Instant::now() + limit);
         let idle = self.idle_workers().pop();
         let mut worker = match idle {
             Some(worker) => worker,
@@ -300,11 +302,12 @@ impl IsolatedPlugin {
                         worker.pid()
                     ));
                 };
-                // The host's own summarizer and cache, as for an in-process plugin, and
-                // within what is left of the call's deadline.
-                let Some(summary) = summarize_by(deadline, text, target_chars, purpose) else {
-                    return Err(late(worker, limit));
-                };
+                // The host's own summarizer and cache, as for an in-process plugin: its
+                // time is the host's (the deadline moves by it), bounded in all by
+                // `[summarizer] timeout_ms` through this call's service clock.
+                let asked = Instant::now();
+                let summary = crate::services::summarize_text(&text, target_chars, &purpose);
+                deadline = deadline.map(|d| d + asked.elapsed());
                 let mut reply = framing::frame(framing::SUMMARY);
                 match summary {
                     Ok(summary) => {
@@ -362,37 +365,6 @@ fn summarize_request(frame: &mut Decoder<'_>) -> Decoded<(String, u64, String)> 
     let request = (frame.str()?.to_string(), frame.u64()?, frame.str()?.to_string());
     frame.finish()?;
     Ok(request)
-}
-
-/// The host's summary for an isolated plugin's request, or `None` when `deadline` passed
-/// first. Under a deadline the summarizer runs on a thread of its own, so a slow one
-/// cannot hold the call past it; left running, it ends within `[summarizer] timeout_ms`
-/// and its answer is cached for the next call.
-fn summarize_by(
-    deadline: Option<Instant>,
-    text: String,
-    target_chars: u64,
-    purpose: String,
-) -> Option<Result<String, String>> {
-    let Some(deadline) = deadline else {
-        return Some(crate::services::summarize_text(&text, target_chars, &purpose));
-    };
-    let (answer, answered) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("summarize".into())
-        .spawn(move || {
-            let _ = answer.send(crate::services::summarize_text(&text, target_chars, &purpose));
-        });
-    if let Err(err) = spawned {
-        return Some(Err(format!("cannot start a thread for the summary: {err}")));
-    }
-    match answered.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        Ok(summary) => Some(summary),
-        Err(mpsc::RecvTimeoutError::Timeout) => None,
-        Err(mpsc::RecvTimeoutError::Disconnected) => Some(Err(
-            "the host's summarizer failed (a bug: see the log)".to_string(),
-        )),
-    }
 }
 
 /// A worker that could not start for a call (under the deadline `limit`), in one line.
