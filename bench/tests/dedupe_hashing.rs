@@ -26,6 +26,7 @@ fn over_a_replay_dedupe_hashes_each_result_once() {
     let results = history.iter().filter(|m| m.role == Role::Tool).count();
     let hashing = hashing::replay(&chain, &config, &model, history).unwrap();
 
+    eprintln!("{hashing:?}, ratio {}", hashing.ratio());
     assert_eq!(hashing.turns, 200);
     assert!(results > 100 && hashing.bytes_entered > 100_000, "{hashing:?}");
     // Hashed again at every turn, the 200 turns would have hashed ~100x what entered.
