@@ -124,9 +124,11 @@ usage: history-bench <command>
                                         a plugin's call in a worker process against
                                         in-process, at 1,000 messages
   serve --host FILE --plugin-dir DIR --floor-dir DIR [--json] [--sessions N] [--clients C] [--turns T]
-      [--store postgres://…] [--hosts H] [--time-cap S]
+      [--store postgres://…] [--hosts H] [--time-cap S] [--reloads N]
                                         a real serve under concurrent loopback clients:
-                                        turns/s, p50/p99, peak RSS, beside a floor
+                                        turns/s, p50/p99, peak RSS, beside a floor;
+                                        --reloads N: the chain alone, N hot reloads during
+                                        the load, turns inside them against the rest
   proxy --host FILE --plugin-dir DIR [--json] [--requests N] [--clients C] [--time-cap S]
                                         serve --upstream against a stand-in upstream:
                                         added latency, requests/s, first byte, token cache

@@ -11,8 +11,18 @@
 //! so 50 turns make a session of about 200 messages. Every session is created first,
 //! then the clients send turn 1 of each of their sessions, then turn 2, …, so all
 //! sessions are live and grow together. Bounded by the turn count and a time cap.
+//!
+//! `--reloads N` measures hot reload under that load instead (docs/chain.md#hot-reload):
+//! the shipped chain alone, and while the clients run the bench rewrites the
+//! configuration N times with an equivalent change (a comment), one reload after another.
+//! A reload's window runs from the write to `/metrics` showing
+//! `history_reloads_total{outcome="ok"}` moved (so it holds the watch's 300 ms debounce,
+//! the load beside the running chain, its sample run and the swap). A turn that overlaps
+//! a window is "during"; the rest are "outside". The target (issue #10): no failed turn,
+//! and no turn during a reload slower than 2× the outside p99.
 
-use std::path::PathBuf;
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -59,6 +69,7 @@ pub fn serve(args: &[String]) -> Result<()> {
             "--store",
             "--hosts",
             "--time-cap",
+            "--reloads",
         ],
         &["--json"],
     )?;
@@ -85,10 +96,14 @@ pub fn serve(args: &[String]) -> Result<()> {
         hosts,
         time_cap: Duration::from_secs(flag(args, "--time-cap")?.unwrap_or(300u64)),
     };
+    let reloads: Option<usize> = flag(args, "--reloads")?;
+    if reloads == Some(0) || (reloads.is_some() && hosts > 1) {
+        return Err("--reloads N needs N ≥ 1 and one host (the bench reads one host's /metrics)".into());
+    }
     let custom = ["--sessions", "--clients", "--turns"]
         .iter()
         .any(|f| args.iter().any(|a| a == f));
-    let cases = if custom {
+    let cases = if custom || reloads.is_some() {
         let sessions = flag(args, "--sessions")?.unwrap_or(64usize);
         vec![Case {
             name: format!("sessions_{sessions}"),
@@ -118,6 +133,9 @@ pub fn serve(args: &[String]) -> Result<()> {
         }
     }
     let machine_before = loopback::machine();
+    if let Some(reloads) = reloads {
+        return reload_bench(&settings, &cases[0], reloads, machine_before, json_out);
+    }
     let mut reports = Vec::new();
     for case in &cases {
         let mut runs = serde_json::Map::new();
@@ -131,7 +149,7 @@ pub fn serve(args: &[String]) -> Result<()> {
                 case.turns,
                 chain.name()
             );
-            let run = run_case(&settings, case, chain)?;
+            let run = run_case(&settings, case, chain, 0)?;
             runs.insert(chain.name().to_string(), run);
         }
         let ratio = |key: &str| {
@@ -175,9 +193,85 @@ pub fn serve(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `--reloads N`: the shipped chain under the case's load with N reloads during it; the
+/// turns inside a reload's window against the rest.
+fn reload_bench(
+    settings: &Settings,
+    case: &Case,
+    reloads: usize,
+    machine_before: Value,
+    json_out: bool,
+) -> Result<()> {
+    eprintln!(
+        "serve bench: {} ({} sessions, {} clients, {} turns each) on the chain, {reloads} reloads during the load…",
+        case.name, case.sessions, case.clients, case.turns
+    );
+    let run = run_case(settings, case, Chain::Shipped, reloads)?;
+    let report = json!({
+        "store": if settings.postgres.is_some() { "postgres" } else { "sqlite" },
+        "machine_before": machine_before,
+        "machine_after": loopback::machine(),
+        "target": "no failed turn; no turn during a reload slower than 2x the p99 outside reloads",
+        "case": case.name,
+        "sessions": case.sessions,
+        "clients": case.clients,
+        "turns_per_session": case.turns,
+        "chain": run,
+    });
+    if json_out {
+        println!("{report}");
+    } else {
+        let run = &report["chain"];
+        let r = &run["reload"];
+        println!(
+            "store: {}   machine before: {}   after: {}",
+            report["store"], report["machine_before"], report["machine_after"]
+        );
+        println!("target: {}", report["target"].as_str().unwrap_or_default());
+        println!(
+            "{}: {} sessions, {} clients, {} turns each; {} of {} reloads done, windows {:?} ms",
+            report["case"],
+            report["sessions"],
+            report["clients"],
+            report["turns_per_session"],
+            r["done"],
+            r["asked"],
+            r["windows_ms"]
+                .as_array()
+                .map(|w| w.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+        println!(
+            "  failed turns {}{}   turns {} ({} during reloads)   {} turns/s",
+            run["errors"],
+            run["first_error"]
+                .as_str()
+                .map(|e| format!(" (first: {e})"))
+                .unwrap_or_default(),
+            run["turns"],
+            r["turns_during"],
+            run["turns_per_s"],
+        );
+        println!(
+            "  outside reloads: p50 {} ms   p99 {} ms   max {} ms",
+            r["outside"]["p50_ms"], r["outside"]["p99_ms"], r["outside"]["max_ms"]
+        );
+        println!(
+            "  during reloads:  p50 {} ms   p99 {} ms   max {} ms",
+            r["during"]["p50_ms"], r["during"]["p99_ms"], r["during"]["max_ms"]
+        );
+        println!(
+            "  during / outside p99: max {}x   p99 {}x   (target: max ≤ 2x)",
+            r["max_over_outside_p99"], r["p99_over_outside_p99"]
+        );
+    }
+    Ok(())
+}
+
 /// One `serve` (or several on one PostgreSQL database), its sessions created, the load
-/// run, its figures read, stopped; its store removed.
-fn run_case(settings: &Settings, case: &Case, chain: Chain) -> Result<Value> {
+/// run (with `reloads` hot reloads during it), its figures read, stopped; its store
+/// removed.
+fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> Result<Value> {
     let work = settings
         .plugin_dir
         .join(format!("serve-bench-{}", std::process::id()));
@@ -228,7 +322,11 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain) -> Result<Value> {
         .build()
         .map_err(|e| e.to_string())?;
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
-    let load = runtime.block_on(drive(&addrs, case, settings.time_cap));
+    let reload = (reloads > 0).then(|| Reload {
+        config: config.clone(),
+        count: reloads,
+    });
+    let load = runtime.block_on(drive(&addrs, case, settings.time_cap, reload));
     let peak_rss = servers
         .iter()
         .map(Serve::peak_rss_mb)
@@ -243,6 +341,7 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain) -> Result<Value> {
         database.drop_it()?;
     }
     let _ = std::fs::remove_dir_all(&work);
+    let reload = (reloads > 0).then(|| reload_figures(&load, reloads));
     Ok(json!({
         "stages": stages,
         "turns": load.latencies.len(),
@@ -256,12 +355,130 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain) -> Result<Value> {
         "create_s": round(load.create.as_secs_f64(), 3),
         "messages_sent": load.messages,
         "peak_rss_mb": round(peak_rss, 1),
+        "reload": reload,
     }))
+}
+
+/// The turns that overlapped a reload's window against the rest.
+fn reload_figures(load: &Load, asked: usize) -> Value {
+    let mut during = Vec::new();
+    let mut outside = Vec::new();
+    for (sent, took) in load.sent.iter().zip(&load.latencies) {
+        let ended = *sent + *took;
+        if load
+            .windows
+            .iter()
+            .any(|(start, end)| *sent < *end && ended > *start)
+        {
+            during.push(*took);
+        } else {
+            outside.push(*took);
+        }
+    }
+    let outside_p99 = loopback::ms(crate::quantile(&outside, 0.99));
+    let over = |d: Duration| {
+        if during.is_empty() || outside_p99 <= 0.0 {
+            Value::Null
+        } else {
+            json!(round(loopback::ms(d) / outside_p99, 2))
+        }
+    };
+    json!({
+        "asked": asked,
+        "done": load.windows.len(),
+        "windows_ms": load.windows.iter().map(|(s, e)| round(loopback::ms(*e - *s), 1)).collect::<Vec<_>>(),
+        "turns_during": during.len(),
+        "turns_outside": outside.len(),
+        "during": if during.is_empty() { Value::Null } else { latency(&during) },
+        "outside": latency(&outside),
+        "max_over_outside_p99": over(crate::quantile(&during, 1.0)),
+        "p99_over_outside_p99": over(crate::quantile(&during, 0.99)),
+    })
+}
+
+/// The reloads to trigger during a load.
+struct Reload {
+    config: PathBuf,
+    count: usize,
+}
+
+/// How long the load runs before the first reload, and between a reload's end and the
+/// next write: turns outside reloads to compare with.
+const RELOAD_GAP: Duration = Duration::from_millis(1000);
+/// The most a reload may take to show in `/metrics` (its debounce is 300 ms; a debug
+/// build on a saturated machine took over 30 s to load, check and swap, and to answer a
+/// scrape behind 64 clients' turns).
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Triggers `reload.count` reloads one after another on the serve at `addr` until `done`,
+/// each by rewriting the configuration with one more comment line (an equivalent chain,
+/// a changed file); the window of each, from the write to `/metrics` counting it.
+async fn reloader(
+    client: HttpClient,
+    addr: String,
+    reload: Reload,
+    done: Rc<Cell<bool>>,
+) -> Result<Vec<(Instant, Instant)>> {
+    let text =
+        std::fs::read_to_string(&reload.config).map_err(|e| format!("{}: {e}", reload.config.display()))?;
+    let url = format!("http://{addr}/metrics");
+    // One scrape: the reloads swapped in and refused.
+    let reloads = || {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let page = loopback::request(&client, Method::GET, &url, Bytes::new()).await?;
+            let page = String::from_utf8_lossy(&page.body).into_owned();
+            let count = |outcome: &str| {
+                loopback::metric(&page, &format!("history_reloads_total{{outcome=\"{outcome}\"}}"))
+                    .ok_or_else(|| format!("no history_reloads_total{{outcome=\"{outcome}\"}} in /metrics"))
+            };
+            Ok::<_, String>((count("ok")?, count("failed")?))
+        }
+    };
+    let mut windows = Vec::new();
+    for n in 0..reload.count {
+        tokio::time::sleep(RELOAD_GAP).await;
+        if done.get() {
+            break;
+        }
+        let (ok, failed) = reloads().await?;
+        let started = Instant::now();
+        write_atomically(&reload.config, &format!("{text}# bench reload {}\n", n + 1))?;
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let (now_ok, now_failed) = reloads().await?;
+            if now_ok > ok {
+                break;
+            }
+            if now_failed > failed {
+                return Err(format!("reload {} was refused: see the serve log", n + 1));
+            }
+            if started.elapsed() > RELOAD_TIMEOUT {
+                return Err(format!(
+                    "reload {} did not show in /metrics within {RELOAD_TIMEOUT:?}",
+                    n + 1
+                ));
+            }
+        }
+        windows.push((started, Instant::now()));
+    }
+    Ok(windows)
+}
+
+/// Replaces `file` through a rename, as agentctl does: the watch never reads half a file.
+fn write_atomically(file: &Path, text: &str) -> Result<()> {
+    let temporary = file.with_extension("toml.tmp");
+    std::fs::write(&temporary, text).map_err(|e| format!("{}: {e}", temporary.display()))?;
+    std::fs::rename(&temporary, file).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// What the clients measured.
 struct Load {
     latencies: Vec<Duration>,
+    /// When each turn of `latencies` was sent.
+    sent: Vec<Instant>,
+    /// The reloads' windows, from the write to `/metrics` counting the reload.
+    windows: Vec<(Instant, Instant)>,
     elapsed: Duration,
     create: Duration,
     capped: bool,
@@ -283,7 +500,7 @@ fn session_turns(seed: u64, turns: usize) -> Vec<Bytes> {
 /// Creates every session, then runs the turns: `clients` tasks, each sending the turns of
 /// its sessions (session `s` belongs to client `s % clients`) round by round, one request
 /// at a time; turn `t` of session `s` goes to host `(s + t) % hosts`.
-async fn drive(addrs: &[String], case: &Case, cap: Duration) -> Result<Load> {
+async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Reload>) -> Result<Load> {
     // Built before the clock starts: generating is the bench's work, not the server's.
     let bodies: Vec<Vec<Bytes>> = (0..case.sessions)
         .map(|s| session_turns(s as u64 + 1, case.turns))
@@ -324,8 +541,13 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration) -> Result<Load> {
             client_loop(&client, &addrs, &ids, &bodies, &sessions, deadline).await
         }));
     }
+    let done = Rc::new(Cell::new(false));
+    let reloader = reload
+        .map(|reload| local.spawn_local(reloader(client.clone(), addrs[0].clone(), reload, done.clone())));
     let mut load = Load {
         latencies: Vec::with_capacity(case.sessions * case.turns),
+        sent: Vec::with_capacity(case.sessions * case.turns),
+        windows: Vec::new(),
         elapsed: Duration::ZERO,
         create,
         capped: false,
@@ -338,16 +560,21 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration) -> Result<Load> {
             for task in tasks {
                 let part = task.await.map_err(|e| e.to_string())?;
                 load.latencies.extend(part.latencies);
+                load.sent.extend(part.sent);
                 load.capped |= part.capped;
                 load.errors += part.errors;
                 if load.first_error.is_none() {
                     load.first_error = part.first_error;
                 }
             }
+            load.elapsed = started.elapsed();
+            done.set(true);
+            if let Some(reloader) = reloader {
+                load.windows = reloader.await.map_err(|e| e.to_string())??;
+            }
             Ok::<_, String>(())
         })
         .await?;
-    load.elapsed = started.elapsed();
     Ok(load)
 }
 
@@ -362,6 +589,8 @@ async fn client_loop(
 ) -> Load {
     let mut load = Load {
         latencies: Vec::new(),
+        sent: Vec::new(),
+        windows: Vec::new(),
         elapsed: Duration::ZERO,
         create: Duration::ZERO,
         capped: false,
@@ -386,7 +615,10 @@ async fn client_loop(
             let answer = loopback::request(client, Method::POST, &url, body.clone()).await;
             let took = sent.elapsed();
             match answer {
-                Ok(answer) if answer.status == 200 => load.latencies.push(took),
+                Ok(answer) if answer.status == 200 => {
+                    load.latencies.push(took);
+                    load.sent.push(sent);
+                }
                 Ok(answer) => {
                     load.errors += 1;
                     load.first_error.get_or_insert_with(|| answer.describe());

@@ -440,7 +440,10 @@ async fn healthz(State(app): State<App>) -> Response {
 
 async fn metrics(State(app): State<App>) -> Response {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            history_sessions::metrics::CONTENT_TYPE,
+        )],
         app.service.metrics.render(app.service.live_sessions()),
     )
         .into_response()

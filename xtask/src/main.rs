@@ -13,8 +13,10 @@
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
 //! cargo xtask bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL]
+//!                         [--reloads N]
 //!                                      the same build, then a real serve under concurrent
-//!                                      loopback clients, beside a pass-through floor
+//!                                      loopback clients, beside a pass-through floor; or
+//!                                      N hot reloads during the load (--reloads)
 //! cargo xtask bench proxy [--json]     the same build, then serve --upstream against a
 //!                                      stand-in upstream, beside calling it directly
 //! cargo xtask fuzz [--time S] [--target NAME] [--seed N]
@@ -99,9 +101,12 @@ usage: cargo xtask <task>
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
   bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
+              [--reloads N]
                               the same build, then a real serve driven by concurrent
                               loopback clients: turns/s, p50/p99, peak RSS, beside a
-                              pass-through floor (docs/sessions.md#performance)
+                              pass-through floor (docs/sessions.md#performance); with
+                              --reloads N, N hot reloads during the load instead
+                              (docs/chain.md#hot-reload)
   bench proxy [--json] [--requests N] [--clients C]
                               the same build, then serve --upstream in front of a
                               stand-in upstream: added latency, requests/s, first byte,

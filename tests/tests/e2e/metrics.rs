@@ -29,24 +29,43 @@ fn value(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
     }
 }
 
+/// The families docs/http-api.md#metrics lists, by type.
+const FAMILIES: [(&str, &str); 12] = [
+    ("history_turns_total", "counter"),
+    ("history_turn_seconds", "histogram"),
+    ("history_plugin_seconds", "histogram"),
+    ("history_plugin_errors_total", "counter"),
+    ("history_tokens_total", "counter"),
+    ("history_tokens_counted_bytes_total", "counter"),
+    ("history_token_cache_lookups_total", "counter"),
+    ("history_token_cache_entries", "gauge"),
+    ("history_token_cache_capacity", "gauge"),
+    ("history_sessions_live", "gauge"),
+    ("history_reloads_total", "counter"),
+    ("history_store_seconds", "histogram"),
+];
+
+/// The type the parser read for `metric`'s samples (`None`: no sample yet).
+fn kind(scrape: &Scrape, metric: &str) -> Option<&'static str> {
+    let sample = scrape.samples.iter().find(|s| s.metric == metric)?;
+    Some(match sample.value {
+        Metric::Counter(_) => "counter",
+        Metric::Gauge(_) => "gauge",
+        Metric::Histogram(_) => "histogram",
+        Metric::Summary(_) => "summary",
+        Metric::Untyped(_) => "untyped",
+    })
+}
+
 #[test]
 fn metrics_parse_as_prometheus_text_and_count_turns() {
     let config = shipped_config("", &[]);
     let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
     let before = scrape(&server);
-    for (name, kind) in [
-        ("history_turns_total", "counter"),
-        ("history_turn_seconds", "histogram"),
-        ("history_plugin_seconds", "summary"),
-        ("history_plugin_errors_total", "counter"),
-        ("history_tokens_total", "counter"),
-        ("history_sessions_live", "gauge"),
-        ("history_reloads_total", "counter"),
-        ("history_store_seconds", "summary"),
-    ] {
+    // Every family is named with its help from the first scrape, before any turn.
+    for (name, _) in FAMILIES {
         let doc = before.docs.get(name);
         assert!(doc.is_some_and(|d| !d.is_empty()), "{name}: no HELP");
-        let _ = kind;
     }
     assert_eq!(value(&before, "history_turns_total", &[("outcome", "ok")]), 0.0);
     assert_eq!(value(&before, "history_sessions_live", &[]), 0.0);
@@ -96,6 +115,13 @@ fn metrics_parse_as_prometheus_text_and_count_turns() {
     assert!(value(&after, "history_tokens_total", &[("direction", "out")]) > 0.0);
     assert_eq!(value(&after, "history_sessions_live", &[]), 1.0);
     assert!(value(&after, "history_store_seconds_count", &[]) >= turns as f64);
+    // Each family's samples have the documented type (a plugin fault has none yet).
+    for (name, expected) in FAMILIES {
+        match kind(&after, name) {
+            Some(found) => assert_eq!(found, expected, "{name}"),
+            None => assert_eq!(name, "history_plugin_errors_total", "{name}: no sample"),
+        }
+    }
 
     assert_eq!(server.get("/healthz").status, 200);
     // The per-turn summary line names the session.
