@@ -233,6 +233,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE history_store_seconds summary");
         let _ = writeln!(out, "history_store_seconds_sum {}", m.store_sum);
         let _ = writeln!(out, "history_store_seconds_count {}", m.store_count);
+        let _ = writeln!(out, "# HELP history_store_round_trips_total PostgreSQL round trips (docs/scaling-out.md#round-trips).\n# TYPE history_store_round_trips_total counter\nhistory_store_round_trips_total {}", crate::store::round_trips());
         out
     }
 }
