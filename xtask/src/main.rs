@@ -101,7 +101,9 @@ usage: cargo xtask <task>
   bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
                               the same build, then a real serve driven by concurrent
                               loopback clients: turns/s, p50/p99, peak RSS, beside a
-                              pass-through floor (docs/sessions.md#performance)
+                              pass-through floor (docs/sessions.md#performance); with
+                              --store postgres://… also one SQLite host in the same run,
+                              the ratio, and round trips per turn (docs/scaling-out.md)
   bench proxy [--json] [--requests N] [--clients C]
                               the same build, then serve --upstream in front of a
                               stand-in upstream: added latency, requests/s, first byte,
