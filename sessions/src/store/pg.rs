@@ -651,7 +651,7 @@ impl Store for PgStore {
     fn delete(&self, id: &str) -> Result<bool, StoreError> {
         let mut c = self.connection()?;
         let mut tx = c.transaction().map_err(err)?;
-        trips(10);
+        trips(11);
         // Not while an operation on the session runs on another host.
         tx.batch_execute(&format!(
             "SET LOCAL lock_timeout = {}",
@@ -843,7 +843,7 @@ impl Store for PgStore {
                 &[&(cutoff_ms.min(i64::MAX as u64) as i64)],
             )
             .map_err(err)?;
-        trips(3);
+        trips(4);
         let mut reaped = Vec::new();
         for r in rows {
             trips(2);
