@@ -44,6 +44,7 @@ struct Case {
 }
 
 /// The load, timing and store of a run.
+#[derive(Clone)]
 struct Settings {
     host: PathBuf,
     plugin_dir: PathBuf,
@@ -139,6 +140,14 @@ pub fn serve(args: &[String]) -> Result<()> {
     let mut reports = Vec::new();
     for case in &cases {
         let mut runs = serde_json::Map::new();
+        // With PostgreSQL, the single-host SQLite figures of the same run beside them
+        // (docs/scaling-out.md#performance): the same load, one host, a fresh SQLite file.
+        let sqlite = Settings {
+            postgres: None,
+            hosts: 1,
+            ..settings.clone()
+        };
+        let mut sqlite_runs = serde_json::Map::new();
         // The floor first: its store and caches start as cold as the chain's.
         for chain in [Chain::Floor, Chain::Shipped] {
             eprintln!(
@@ -151,6 +160,10 @@ pub fn serve(args: &[String]) -> Result<()> {
             );
             let run = run_case(&settings, case, chain, 0)?;
             runs.insert(chain.name().to_string(), run);
+            if settings.postgres.is_some() {
+                eprintln!("serve bench: … and on one host with SQLite");
+                sqlite_runs.insert(chain.name().to_string(), run_case(&sqlite, case, chain, 0)?);
+            }
         }
         let ratio = |key: &str| {
             let chain = runs["chain"][key].as_f64().unwrap_or(0.0);
@@ -167,7 +180,23 @@ pub fn serve(args: &[String]) -> Result<()> {
             "p99": runs["chain"]["latency"]["p99_ms"].as_f64().zip(runs["floor"]["latency"]["p99_ms"].as_f64()).map(|(c, f)| round(c / f.max(1e-9), 3)),
             "peak_rss": ratio("peak_rss_mb"),
         });
+        let sqlite_side = (!sqlite_runs.is_empty()).then(|| {
+            let over = |chain: &str, key: &str| {
+                let pg = runs[chain]["turns_per_s"].as_f64().unwrap_or(0.0);
+                let lite = sqlite_runs[chain][key].as_f64().unwrap_or(0.0);
+                (lite > 0.0).then(|| round(pg / lite, 3))
+            };
+            json!({
+                "chain": sqlite_runs["chain"],
+                "floor": sqlite_runs["floor"],
+                "postgres_over_sqlite_turns_per_s": {
+                    "chain": over("chain", "turns_per_s"),
+                    "floor": over("floor", "turns_per_s"),
+                },
+            })
+        });
         reports.push(json!({
+            "sqlite_one_host": sqlite_side,
             "case": case.name,
             "sessions": case.sessions,
             "clients": case.clients,
@@ -354,6 +383,12 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
         "latency": latency(&load.latencies),
         "create_s": round(load.create.as_secs_f64(), 3),
         "messages_sent": load.messages,
+        "store_round_trips": load.round_trips,
+        "store_round_trips_per_turn": if load.latencies.is_empty() {
+            Value::Null
+        } else {
+            json!(round(load.round_trips as f64 / load.latencies.len() as f64, 2))
+        },
         "peak_rss_mb": round(peak_rss, 1),
         "reload": reload,
     }))
@@ -485,6 +520,35 @@ struct Load {
     errors: usize,
     first_error: Option<String>,
     messages: usize,
+    /// PostgreSQL round trips of every host while the turns ran (0 with SQLite).
+    round_trips: u64,
+}
+
+/// The PostgreSQL round trips the hosts at `addrs` made so far, summed
+/// (`history_store_round_trips_total` on their `/metrics`).
+async fn round_trips(client: &HttpClient, addrs: &[String]) -> Result<u64> {
+    let mut total = 0;
+    for addr in addrs {
+        let answer = loopback::request(
+            client,
+            Method::GET,
+            &format!("http://{addr}/metrics"),
+            Bytes::new(),
+        )
+        .await?;
+        let text = String::from_utf8_lossy(&answer.body);
+        total += text
+            .lines()
+            .find_map(|line| line.strip_prefix("history_store_round_trips_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                format!(
+                    "{addr}/metrics has no history_store_round_trips_total: {}",
+                    answer.describe()
+                )
+            })?;
+    }
+    Ok(total)
 }
 
 /// One session's turns, as request bodies.
@@ -530,6 +594,7 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Relo
     let bodies = Rc::new(bodies);
     let ids = Rc::new(ids);
     let addrs = Rc::new(addrs.to_vec());
+    let trips_before = round_trips(&client, &addrs).await?;
     let deadline = Instant::now() + cap;
     let started = Instant::now();
     let local = tokio::task::LocalSet::new();
@@ -554,6 +619,7 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Relo
         errors: 0,
         first_error: None,
         messages,
+        round_trips: 0,
     };
     local
         .run_until(async {
@@ -575,6 +641,7 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Relo
             Ok::<_, String>(())
         })
         .await?;
+    load.round_trips = round_trips(&client, &addrs).await? - trips_before;
     Ok(load)
 }
 
@@ -597,6 +664,7 @@ async fn client_loop(
         errors: 0,
         first_error: None,
         messages: 0,
+        round_trips: 0,
     };
     let rounds = sessions.iter().map(|&s| bodies[s].len()).max().unwrap_or(0);
     for turn in 0..rounds {
@@ -665,6 +733,36 @@ fn print_table(r: &Value) {
             );
         }
         println!("  chain/floor: {}", case["chain_over_floor"]);
+        if r["store"] == "postgres" {
+            println!(
+                "  PostgreSQL round trips per turn: chain {}   floor {}",
+                case["chain"]["store_round_trips_per_turn"], case["floor"]["store_round_trips_per_turn"]
+            );
+        }
+        let lite = &case["sqlite_one_host"];
+        if !lite.is_null() {
+            println!("  the same load on ONE host with SQLite (same run):");
+            for name in ["chain", "floor"] {
+                let run = &lite[name];
+                println!(
+                    "  {name:<6} {:>8} turns/s   p50 {:>8} ms   p99 {:>8} ms   {} turns in {} s{}",
+                    run["turns_per_s"],
+                    run["latency"]["p50_ms"],
+                    run["latency"]["p99_ms"],
+                    run["turns"],
+                    run["seconds"],
+                    if run["errors"].as_u64().unwrap_or(0) > 0 {
+                        format!("   {} errors, first: {}", run["errors"], run["first_error"])
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            println!(
+                "  {} hosts on PostgreSQL / one host on SQLite, turns/s: {} (target ≥ 0.7 with the chain)",
+                r["hosts"], lite["postgres_over_sqlite_turns_per_s"]
+            );
+        }
     }
 }
 

@@ -294,7 +294,8 @@ impl<M: EncodeMetric> EncodeMetric for Listed<M> {
     }
 }
 
-/// The tokenizer's process-wide figures (history_engine::tokens), read at each scrape.
+/// The process-wide figures (the tokenizer's, history_engine::tokens; the store's round
+/// trips), read at each scrape.
 #[derive(Debug)]
 struct TokenizerFigures;
 
@@ -318,6 +319,13 @@ impl Collector for TokenizerFigures {
         for (result, n) in [("hit", cache.hits), ("miss", cache.misses)] {
             ConstCounter::new(n).encode(lookups.encode_family(&[("result", result)])?)?;
         }
+
+        ConstCounter::new(crate::store::round_trips()).encode(encoder.encode_descriptor(
+            "history_store_round_trips",
+            "PostgreSQL round trips (docs/scaling-out.md#round-trips).",
+            None,
+            MetricType::Counter,
+        )?)?;
 
         let gauge = |n: u64| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
         gauge(cache.entries).encode(encoder.encode_descriptor(

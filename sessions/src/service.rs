@@ -189,8 +189,8 @@ impl Store for TimedStore {
     fn shared(&self) -> bool {
         self.inner.shared()
     }
-    fn lock(&self, id: &str) -> Result<Locked, StoreError> {
-        self.inner.lock(id)
+    fn lock(&self, id: &str, known: Option<u64>) -> Result<Locked, StoreError> {
+        self.inner.lock(id, known)
     }
     fn create_limited(&self, row: &SessionRow, max_users: u64) -> Result<Result<(), u64>, StoreError> {
         self.timed(|s| s.create_limited(row, max_users))
@@ -560,7 +560,7 @@ impl Service {
             // On a shared store: the session's lock across hosts, and the session as
             // stored if another host changed it since this one last did.
             let mut locked = None;
-            match service.store.lock(&id)? {
+            match service.store.lock(&id, guard.as_ref().map(|s| s.row.version))? {
                 Locked::NotShared => {}
                 Locked::Busy => {
                     return Err(SessionError::new(
@@ -579,14 +579,9 @@ impl Service {
                         return Err(SessionError::not_found(&id));
                     };
                     if guard.as_ref().is_none_or(|s| s.row.version != version) {
+                        // The last sent history comes with it: stored with each turn.
                         let stored = lock.load()?.ok_or_else(|| SessionError::not_found(&id))?;
-                        let mut session = Session::from_stored(stored)?;
-                        // The sent history is this host's: kept only while the session
-                        // is unchanged elsewhere.
-                        if let Some(old) = guard.as_ref().filter(|s| s.row.turn == session.row.turn) {
-                            session.keep_last_sent(old);
-                        }
-                        *guard = Some(session);
+                        *guard = Some(Session::from_stored(stored)?);
                     }
                     locked = Some(lock);
                 }

@@ -16,15 +16,25 @@ use serde_json::Value;
 
 use crate::clock::rfc3339;
 use crate::error::{ErrorKind, SessionError};
-use crate::store::{CopyRow, SessionRow, SessionWrite, Store, StoredSession, TranscriptRow, WorkingRef};
+use crate::store::{
+    decode_sent, encode_sent, CopyRow, SentEntry, SessionRow, SessionWrite, Store, StoredSession,
+    TranscriptRow, WorkingRef,
+};
 
 /// A session in memory: its row, its working history (each message with the store entry
-/// it is) and the last sent history (kept in memory only: a view of one turn).
+/// it is) and the last sent history, stored with the turn that sent it as references to
+/// the working history's entries plus the messages only the view made
+/// (docs/sessions.md#the-store).
 pub struct Session {
     pub row: SessionRow,
     working: Vec<RArc<Message>>,
     refs: Vec<WorkingRef>,
     last_sent: Option<Vec<RArc<Message>>>,
+    /// The last sent history as stored ([`encode_sent`]), written again unchanged by the
+    /// operations that are not turns.
+    sent: Option<String>,
+    /// The working copies the stored sent history references: kept while it is.
+    sent_copies: Vec<u64>,
 }
 
 /// One `context` item of a turn (docs/http-api.md): text added to the turn's newest user
@@ -124,6 +134,8 @@ impl Session {
             working: Vec::new(),
             refs: Vec::new(),
             last_sent: None,
+            sent: None,
+            sent_copies: Vec::new(),
         }
     }
 
@@ -145,11 +157,30 @@ impl Session {
             refs.push(reference);
         }
         turns::prepare(&mut working, stored.row.turn.max(1));
+        let (sent, last_sent, sent_copies) = match stored.sent {
+            Some((encoded, texts)) => {
+                let mut messages = Vec::with_capacity(texts.len());
+                for text in texts {
+                    let value: Value = serde_json::from_str(&text).map_err(|e| {
+                        SessionError::new(ErrorKind::Store, format!("stored sent message is not JSON: {e}"))
+                    })?;
+                    let message = parse_message(&value).map_err(|e| {
+                        SessionError::new(ErrorKind::Store, format!("stored sent message: {e}"))
+                    })?;
+                    messages.push(RArc::new(message));
+                }
+                let copies = copies_of(&decode_sent(&encoded)?);
+                (Some(encoded), Some(messages), copies)
+            }
+            None => (None, None, Vec::new()),
+        };
         Ok(Session {
             row: stored.row,
             working,
             refs,
-            last_sent: None,
+            last_sent,
+            sent,
+            sent_copies,
         })
     }
 
@@ -157,12 +188,7 @@ impl Session {
         &self.working
     }
 
-    /// Keeps `old`'s last sent history (the same session before a reload).
-    pub fn keep_last_sent(&mut self, old: &Session) {
-        self.last_sent = old.last_sent.clone();
-    }
-
-    /// The last sent history, if a turn ran since the session was loaded.
+    /// The last sent history (none before the first turn and after `/clear`).
     pub fn last_sent(&self) -> Option<&[RArc<Message>]> {
         self.last_sent.as_deref()
     }
@@ -274,17 +300,24 @@ impl Session {
         row.last_active = env.now;
         row.version += 1;
         let update = self.working_update(&mut row, &run.working, &known);
+        let sent_entries = sent_entries(&run.history, &run.working, &update.refs);
+        let sent_copies = copies_of(&sent_entries);
+        let sent = encode_sent(&sent_entries);
+        let dropped = self.dropped(&update.refs, &sent_copies);
         env.store.commit(&SessionWrite {
             row: Some(&row),
             transcript: &transcript,
             working: &update.refs,
             new_copies: &update.new_copies,
-            dropped_copies: &update.dropped,
+            dropped_copies: &dropped,
+            sent: Some(&sent),
         })?;
         self.row = row;
         self.working = run.working.clone();
         self.refs = update.refs;
         self.last_sent = Some(run.history.clone());
+        self.sent = Some(sent);
+        self.sent_copies = sent_copies;
         Ok(TurnOutcome {
             turn,
             model,
@@ -382,9 +415,7 @@ impl Session {
         let mut row = self.row.clone();
         row.cleared_at = row.transcript_len;
         row.last_active = env.now;
-        self.store_working(env, row, Vec::new(), &HashMap::new())?;
-        self.last_sent = None;
-        Ok(())
+        self.last_sent_cleared(env, row)
     }
 
     /// Expands one message of the working history (docs/plugins.md, expansion): it is
@@ -449,7 +480,27 @@ impl Session {
             .collect()
     }
 
+    /// `/clear`'s store write: an empty working history and no sent history.
+    fn last_sent_cleared(&mut self, env: &Env<'_>, mut row: SessionRow) -> Result<(), SessionError> {
+        row.version += 1;
+        let dropped = self.dropped(&[], &[]);
+        env.store.commit(&SessionWrite {
+            row: Some(&row),
+            dropped_copies: &dropped,
+            sent: None,
+            ..Default::default()
+        })?;
+        self.row = row;
+        self.working = Vec::new();
+        self.refs = Vec::new();
+        self.last_sent = None;
+        self.sent = None;
+        self.sent_copies = Vec::new();
+        Ok(())
+    }
+
     /// Stores `working` as the working history with `row`, then keeps both in memory.
+    /// The last sent history stays as stored.
     fn store_working(
         &mut self,
         env: &Env<'_>,
@@ -459,12 +510,14 @@ impl Session {
     ) -> Result<(), SessionError> {
         row.version += 1;
         let update = self.working_update(&mut row, &working, known);
+        let dropped = self.dropped(&update.refs, &self.sent_copies);
         env.store.commit(&SessionWrite {
             row: Some(&row),
             transcript: &[],
             working: &update.refs,
             new_copies: &update.new_copies,
-            dropped_copies: &update.dropped,
+            dropped_copies: &dropped,
+            sent: self.sent.as_deref(),
         })?;
         self.row = row;
         self.working = working;
@@ -485,7 +538,7 @@ impl Session {
     }
 
     /// What storing `working` writes: a message that is (byte for byte) one the store has
-    /// keeps its entry; any other becomes a new copy. Copies no longer used are dropped.
+    /// keeps its entry; any other becomes a new copy.
     fn working_update(
         &self,
         row: &mut SessionRow,
@@ -517,29 +570,75 @@ impl Session {
             };
             refs.push(reference);
         }
-        let kept: std::collections::HashSet<u64> = refs
-            .iter()
-            .filter_map(|r| match r {
-                WorkingRef::Copy(k) => Some(*k),
-                WorkingRef::Transcript(_) => None,
-            })
+        WorkingUpdate { refs, new_copies }
+    }
+
+    /// The copies stored now that neither the new working history (`refs`) nor the sent
+    /// history to be stored (`sent_copies`) uses: dropped by the same write.
+    fn dropped(&self, refs: &[WorkingRef], sent_copies: &[u64]) -> Vec<u64> {
+        let copies = |refs: &[WorkingRef]| {
+            refs.iter()
+                .filter_map(|r| match r {
+                    WorkingRef::Copy(k) => Some(*k),
+                    WorkingRef::Transcript(_) => None,
+                })
+                .collect::<Vec<u64>>()
+        };
+        let kept: std::collections::HashSet<u64> = copies(refs)
+            .into_iter()
+            .chain(sent_copies.iter().copied())
             .collect();
-        let mut dropped: Vec<u64> = self
-            .refs
-            .iter()
-            .filter_map(|r| match r {
-                WorkingRef::Copy(k) if !kept.contains(k) => Some(*k),
-                _ => None,
-            })
+        let mut dropped: Vec<u64> = copies(&self.refs)
+            .into_iter()
+            .chain(self.sent_copies.iter().copied())
+            .filter(|k| !kept.contains(k))
             .collect();
         dropped.sort_unstable();
         dropped.dedup();
-        WorkingUpdate {
-            refs,
-            new_copies,
-            dropped,
-        }
+        dropped
     }
+}
+
+/// The sent history as stored: a message that is one of the working history's (the same
+/// message, or the same bytes) is its entry; any other (changed by a view stage, or by
+/// the turn's display context) is stored whole.
+fn sent_entries(sent: &[RArc<Message>], working: &[RArc<Message>], refs: &[WorkingRef]) -> Vec<SentEntry> {
+    let mut by_origin: Known = HashMap::with_capacity(working.len());
+    for (message, reference) in working.iter().zip(refs) {
+        by_origin
+            .entry(message.origin())
+            .or_default()
+            .push((message.clone(), *reference));
+    }
+    sent.iter()
+        .map(|message| {
+            by_origin
+                .get(&message.origin())
+                .and_then(|candidates| {
+                    candidates
+                        .iter()
+                        .find(|(m, _)| std::ptr::eq::<Message>(&**m, &**message) || **m == **message)
+                })
+                .map_or_else(
+                    || SentEntry::Inline(message_to_string(message)),
+                    |(_, r)| SentEntry::Ref(*r),
+                )
+        })
+        .collect()
+}
+
+/// The working copies a stored sent history references.
+fn copies_of(entries: &[SentEntry]) -> Vec<u64> {
+    let mut copies: Vec<u64> = entries
+        .iter()
+        .filter_map(|e| match e {
+            SentEntry::Ref(WorkingRef::Copy(k)) => Some(*k),
+            _ => None,
+        })
+        .collect();
+    copies.sort_unstable();
+    copies.dedup();
+    copies
 }
 
 type Known = HashMap<u64, Vec<(RArc<Message>, WorkingRef)>>;
@@ -547,7 +646,6 @@ type Known = HashMap<u64, Vec<(RArc<Message>, WorkingRef)>>;
 struct WorkingUpdate {
     refs: Vec<WorkingRef>,
     new_copies: Vec<CopyRow>,
-    dropped: Vec<u64>,
 }
 
 /// A message's JSON value without the stamps the host adds when it enters a session

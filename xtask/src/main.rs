@@ -106,7 +106,9 @@ usage: cargo xtask <task>
                               loopback clients: turns/s, p50/p99, peak RSS, beside a
                               pass-through floor (docs/sessions.md#performance); with
                               --reloads N, N hot reloads during the load instead
-                              (docs/chain.md#hot-reload)
+                              (docs/chain.md#hot-reload);
+                              --store postgres://… also one SQLite host in the same run,
+                              the ratio, and round trips per turn (docs/scaling-out.md)
   bench proxy [--json] [--requests N] [--clients C]
                               the same build, then serve --upstream in front of a
                               stand-in upstream: added latency, requests/s, first byte,

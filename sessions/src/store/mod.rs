@@ -14,7 +14,7 @@ mod sqlite;
 use std::path::Path;
 use std::time::Duration;
 
-pub use pg::{shown, PgStore};
+pub use pg::{round_trips, shown, PgStore};
 pub use sqlite::SqliteStore;
 
 /// A store failure: the operation did not happen (a transaction is rolled back whole).
@@ -156,14 +156,18 @@ pub struct SessionWrite<'a> {
     pub working: &'a [WorkingRef],
     pub new_copies: &'a [CopyRow],
     pub dropped_copies: &'a [u64],
+    /// The last sent history as [`encode_sent`] writes it (`None`: none, as after `/clear`).
+    pub sent: Option<&'a str>,
 }
 
 /// A session as stored: its row, its working history with the messages it references
-/// (`(reference, copy's seq, JSON text)` in order).
+/// (`(reference, copy's seq, JSON text)` in order), and its last sent history (the
+/// messages' JSON texts) with its encoding as stored.
 #[derive(Debug, Clone)]
 pub struct StoredSession {
     pub row: SessionRow,
     pub working: Vec<(WorkingRef, Option<u64>, String)>,
+    pub sent: Option<(String, Vec<String>)>,
 }
 
 /// One session's lock on a shared store, held for one operation on it: no other host
@@ -217,7 +221,9 @@ pub trait Store: Send + Sync {
         false
     }
     /// Takes session `id`'s lock across hosts, waiting at most the store's lock wait.
-    fn lock(&self, _id: &str) -> Result<Locked, StoreError> {
+    /// `known` is the version this host holds in memory: a store may read the session
+    /// with the lock when the stored one differs, for [`SessionLock::load`] to return.
+    fn lock(&self, _id: &str, _known: Option<u64>) -> Result<Locked, StoreError> {
         Ok(Locked::NotShared)
     }
     /// Adds a new session unless `max_users` sessions are stored already (then
@@ -272,6 +278,90 @@ pub fn encode_working(refs: &[WorkingRef]) -> String {
     out
 }
 
+/// One entry of a stored sent history (docs/sessions.md#the-store): a message of the
+/// working history it was sent from, by its reference, or — a message only the view
+/// stages or the turn's display context made — its JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SentEntry {
+    Ref(WorkingRef),
+    Inline(String),
+}
+
+/// A sent history as text: a first line of references as [`encode_working`] writes them,
+/// with `mN` for the N-th message given whole, then those messages one a line (compact
+/// JSON has no raw newline). Mostly references, so a turn writes a short line.
+pub fn encode_sent(entries: &[SentEntry]) -> String {
+    let mut refs = Vec::new();
+    let mut items: Vec<String> = Vec::new();
+    let mut inline: Vec<&str> = Vec::new();
+    for entry in entries {
+        match entry {
+            SentEntry::Ref(r) => refs.push(*r),
+            SentEntry::Inline(text) => {
+                if !refs.is_empty() {
+                    items.push(encode_working(&std::mem::take(&mut refs)));
+                }
+                items.push(format!("m{}", inline.len()));
+                inline.push(text);
+            }
+        }
+    }
+    if !refs.is_empty() {
+        items.push(encode_working(&refs));
+    }
+    let mut out = items.join(",");
+    for text in inline {
+        out.push('\n');
+        out.push_str(text);
+    }
+    out
+}
+
+/// The inverse of [`encode_sent`].
+pub fn decode_sent(text: &str) -> Result<Vec<SentEntry>, StoreError> {
+    let bad = || StoreError::new("bad sent history in the store".to_string());
+    let mut lines = text.split('\n');
+    let refs = lines.next().unwrap_or_default();
+    let inline: Vec<&str> = lines.collect();
+    let mut entries = Vec::new();
+    for item in refs.split(',').filter(|s| !s.is_empty()) {
+        if let Some(index) = item.strip_prefix('m') {
+            let index: usize = index.parse().map_err(|_| bad())?;
+            entries.push(SentEntry::Inline(inline.get(index).ok_or_else(bad)?.to_string()));
+        } else {
+            entries.extend(decode_working(item)?.into_iter().map(SentEntry::Ref));
+        }
+    }
+    Ok(entries)
+}
+
+/// A stored sent history's messages: a reference the working history has takes its text
+/// from there, any other is asked of `fetch` (a transcript row, or a copy kept for it).
+pub(crate) fn resolve_sent(
+    sent: Option<String>,
+    working: &[(WorkingRef, Option<u64>, String)],
+    mut fetch: impl FnMut(WorkingRef) -> Result<Option<String>, StoreError>,
+) -> Result<Option<(String, Vec<String>)>, StoreError> {
+    let Some(sent) = sent else {
+        return Ok(None);
+    };
+    let known: std::collections::HashMap<WorkingRef, &str> =
+        working.iter().map(|(r, _, text)| (*r, text.as_str())).collect();
+    let mut messages = Vec::new();
+    for entry in decode_sent(&sent)? {
+        messages.push(match entry {
+            SentEntry::Inline(text) => text,
+            SentEntry::Ref(r) => match known.get(&r) {
+                Some(text) => text.to_string(),
+                None => fetch(r)?.ok_or_else(|| {
+                    StoreError::new(format!("sent history entry {r:?} is missing from the store"))
+                })?,
+            },
+        });
+    }
+    Ok(Some((sent, messages)))
+}
+
 /// The inverse of [`encode_working`].
 pub fn decode_working(text: &str) -> Result<Vec<WorkingRef>, StoreError> {
     let bad = || StoreError::new(format!("bad working history references {text:?}"));
@@ -313,5 +403,27 @@ mod tests {
         assert_eq!(decode_working("").unwrap(), []);
         assert!(decode_working("3-1").is_err());
         assert!(decode_working("x").is_err());
+    }
+
+    #[test]
+    fn a_sent_history_encodes_as_references_and_whole_messages() {
+        use WorkingRef::{Copy, Transcript};
+        let entries = [
+            SentEntry::Ref(Transcript(1)),
+            SentEntry::Ref(Transcript(2)),
+            SentEntry::Inline(r#"{"role":"user","content":"a\nb"}"#.into()),
+            SentEntry::Ref(Copy(3)),
+            SentEntry::Ref(Transcript(4)),
+            SentEntry::Inline("{}".into()),
+        ];
+        let text = encode_sent(&entries);
+        assert_eq!(
+            text,
+            "1-2,m0,c3,4,m1\n{\"role\":\"user\",\"content\":\"a\\nb\"}\n{}"
+        );
+        assert_eq!(decode_sent(&text).unwrap(), entries);
+        assert_eq!(decode_sent("").unwrap(), []);
+        assert!(decode_sent("m0").is_err(), "a message the text lacks");
+        assert!(decode_sent("1,q").is_err());
     }
 }

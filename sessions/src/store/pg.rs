@@ -15,12 +15,16 @@
 
 use std::time::Duration;
 
-use postgres::{GenericClient, NoTls};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use postgres::{GenericClient, NoTls, SimpleQueryMessage, SimpleQueryRow};
+use postgres_protocol::escape::escape_literal;
 use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
 use super::{
-    decode_working, encode_working, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError,
-    StoredSession, TranscriptRow, WorkingRef,
+    decode_working, encode_working, resolve_sent, Locked, SessionLock, SessionRow, SessionWrite, Store,
+    StoreError, StoredSession, TranscriptRow, WorkingRef,
 };
 
 type Manager = PostgresConnectionManager<NoTls>;
@@ -28,7 +32,8 @@ type Pool = r2d2::Pool<Manager>;
 type Connection = r2d2::PooledConnection<Manager>;
 
 /// The schema, one entry per version; a host applies the ones the database lacks.
-/// 1: sessions, transcripts, working copies; 2: `summaries`, the summarizer's answers.
+/// 1: sessions, transcripts, working copies; 2: `summaries`, the summarizer's answers;
+/// 3: `sessions.sent`, the last sent history (`super::encode_sent`).
 const MIGRATIONS: &[&str] = &[
     "
 CREATE TABLE sessions (
@@ -67,6 +72,9 @@ CREATE TABLE summaries (
     summary TEXT NOT NULL,
     created_at BIGINT NOT NULL
 );
+",
+    "
+ALTER TABLE sessions ADD COLUMN sent TEXT;
 ",
 ];
 
@@ -157,6 +165,11 @@ impl PgStore {
         let pool = r2d2::Pool::builder()
             .max_size(POOL_SIZE)
             .min_idle(Some(1))
+            // No check on every checkout: it would cost a round trip per turn. A pooled
+            // connection the database closed meanwhile fails its first use, is dropped
+            // (r2d2 asks `is_closed` when it comes back), and a session's lock is asked
+            // again on a fresh one (`PgStore::lock`).
+            .test_on_check_out(false)
             .connection_timeout(CONNECT_TIMEOUT)
             .build(PostgresConnectionManager::new(config, NoTls))
             .map_err(|e| StoreError::unavailable(format!("cannot connect to {}: {e}", hide_password(url))))?;
@@ -235,7 +248,63 @@ fn row_of(r: &postgres::Row) -> (SessionRow, String) {
     )
 }
 
+/// PostgreSQL round trips this process made to its store (each message sent and its answer
+/// waited for), for `history_store_round_trips_total` (docs/scaling-out.md#round-trips).
+static ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+
+/// The round trips made so far.
+pub fn round_trips() -> u64 {
+    ROUND_TRIPS.load(Ordering::Relaxed)
+}
+
+/// Counts `n` round trips. A statement given as text with parameters costs two (the
+/// client prepares it, then runs it); a simple query, however many statements it holds,
+/// one.
+fn trips(n: u64) {
+    ROUND_TRIPS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Runs `sql` (one or several statements) as one simple query: one round trip. Returns
+/// each statement's rows, in order.
+fn batch(c: &mut postgres::Client, sql: &str) -> Result<Vec<Vec<SimpleQueryRow>>, postgres::Error> {
+    trips(1);
+    let mut statements = vec![Vec::new()];
+    for message in c.simple_query(sql)? {
+        match message {
+            SimpleQueryMessage::Row(row) => statements.last_mut().expect("one at least").push(row),
+            SimpleQueryMessage::CommandComplete(_) => statements.push(Vec::new()),
+            _ => {}
+        }
+    }
+    statements.pop();
+    Ok(statements)
+}
+
+/// A text as an SQL literal (the only way values enter a simple query).
+fn lit(text: &str) -> String {
+    escape_literal(text)
+}
+
+fn opt_lit(text: Option<&str>) -> String {
+    text.map_or_else(|| "NULL".to_string(), lit)
+}
+
+/// Column `i` of a simple query's row as a number.
+fn num(row: &SimpleQueryRow, i: usize) -> Result<u64, StoreError> {
+    row.get(i)
+        .and_then(|v| v.parse::<i64>().ok())
+        .map(|v| v as u64)
+        .ok_or_else(|| StoreError::new(format!("the store answered a non-number in column {i}")))
+}
+
+fn text(row: &SimpleQueryRow, i: usize) -> Result<String, StoreError> {
+    row.get(i)
+        .map(str::to_string)
+        .ok_or_else(|| StoreError::new(format!("the store answered NULL in column {i}")))
+}
+
 fn insert(c: &mut impl GenericClient, row: &SessionRow) -> Result<(), StoreError> {
+    trips(2);
     c.execute(
         &format!(
             "INSERT INTO sessions ({ROW_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, '', $11)"
@@ -258,130 +327,173 @@ fn insert(c: &mut impl GenericClient, row: &SessionRow) -> Result<(), StoreError
     Ok(())
 }
 
-/// One session write in one transaction; refused unless `row.version` follows the stored
-/// version.
-fn commit_on(c: &mut impl GenericClient, write: &SessionWrite<'_>) -> Result<(), StoreError> {
+/// One session write as one statement: the row's update, refused unless `row.version`
+/// follows the stored version, and the transcript rows and copies added and dropped, each
+/// only if the update happened (they read its result). It answers 1 when written, 0
+/// when refused (then nothing is).
+fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
     let Some(row) = write.row else {
         return Err(StoreError::new("a session write needs its row"));
     };
-    let mut tx = c.transaction().map_err(err)?;
-    let updated = tx
-        .execute(
-            "UPDATE sessions SET model = $2, effective_ctx = $3, turn = $4, transcript_len = $5, \
-             cleared_at = $6, expiration_override = $7, last_active = $8, next_copy = $9, working = $10, \
-             version = $11 WHERE id = $1 AND version = $12",
-            &[
-                &row.id,
-                &row.model,
-                &(row.effective_ctx as i64),
-                &(row.turn as i64),
-                &(row.transcript_len as i64),
-                &(row.cleared_at as i64),
-                &row.expiration_override,
-                &(row.last_active as i64),
-                &(row.next_copy as i64),
-                &encode_working(write.working),
-                &(row.version as i64),
-                &(row.version as i64 - 1),
-            ],
-        )
-        .map_err(err)?;
-    if updated != 1 {
-        return Err(StoreError::new(format!(
-            "session {} changed on another host, or is gone: nothing written",
-            row.id
-        )));
+    let id = lit(&row.id);
+    let mut sql = format!(
+        "WITH u AS (UPDATE sessions SET model = {}, effective_ctx = {}, turn = {}, transcript_len = {}, \
+         cleared_at = {}, expiration_override = {}, last_active = {}, next_copy = {}, working = {}, \
+         sent = {}, version = {} WHERE id = {id} AND version = {} RETURNING id)",
+        lit(&row.model),
+        row.effective_ctx as i64,
+        row.turn as i64,
+        row.transcript_len as i64,
+        row.cleared_at as i64,
+        opt_lit(row.expiration_override.as_deref()),
+        row.last_active as i64,
+        row.next_copy as i64,
+        lit(&encode_working(write.working)),
+        opt_lit(write.sent),
+        row.version as i64,
+        row.version as i64 - 1,
+    );
+    if !write.transcript.is_empty() {
+        let values: Vec<String> = write
+            .transcript
+            .iter()
+            .map(|t| {
+                format!(
+                    "({}::bigint, {}::bigint, {}::text)",
+                    t.seq as i64,
+                    t.turn as i64,
+                    lit(&t.message)
+                )
+            })
+            .collect();
+        sql.push_str(&format!(
+            ", t AS (INSERT INTO transcript (session_id, seq, turn, message) \
+             SELECT u.id, v.seq, v.turn, v.message FROM u, (VALUES {}) AS v(seq, turn, message))",
+            values.join(", ")
+        ));
     }
-    let statement = tx
-        .prepare("INSERT INTO transcript (session_id, seq, turn, message) VALUES ($1, $2, $3, $4)")
-        .map_err(err)?;
-    for t in write.transcript {
-        tx.execute(
-            &statement,
-            &[&row.id, &(t.seq as i64), &(t.turn as i64), &t.message],
-        )
-        .map_err(err)?;
-    }
-    let statement = tx
-        .prepare("INSERT INTO working_copies (session_id, key, seq, message) VALUES ($1, $2, $3, $4)")
-        .map_err(err)?;
-    for copy in write.new_copies {
-        tx.execute(
-            &statement,
-            &[
-                &row.id,
-                &(copy.key as i64),
-                &copy.seq.map(|s| s as i64),
-                &copy.message,
-            ],
-        )
-        .map_err(err)?;
+    if !write.new_copies.is_empty() {
+        let values: Vec<String> = write
+            .new_copies
+            .iter()
+            .map(|c| {
+                let seq = c
+                    .seq
+                    .map_or_else(|| "NULL".to_string(), |s| (s as i64).to_string());
+                format!(
+                    "({}::bigint, {seq}::bigint, {}::text)",
+                    c.key as i64,
+                    lit(&c.message)
+                )
+            })
+            .collect();
+        sql.push_str(&format!(
+            ", c AS (INSERT INTO working_copies (session_id, key, seq, message) \
+             SELECT u.id, v.key, v.seq, v.message FROM u, (VALUES {}) AS v(key, seq, message))",
+            values.join(", ")
+        ));
     }
     if !write.dropped_copies.is_empty() {
-        let keys: Vec<i64> = write.dropped_copies.iter().map(|k| *k as i64).collect();
-        tx.execute(
-            "DELETE FROM working_copies WHERE session_id = $1 AND key = ANY($2)",
-            &[&row.id, &keys],
-        )
-        .map_err(err)?;
+        let keys: Vec<String> = write
+            .dropped_copies
+            .iter()
+            .map(|k| (*k as i64).to_string())
+            .collect();
+        sql.push_str(&format!(
+            ", d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key IN ({}))",
+            keys.join(", ")
+        ));
     }
-    tx.commit().map_err(err)
+    sql.push_str(" SELECT count(*) FROM u");
+    Ok(sql)
 }
 
-/// A session with its working history, read in one snapshot.
-fn load_on(c: &mut postgres::Client, id: &str) -> Result<Option<StoredSession>, StoreError> {
-    let mut tx = c
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .map_err(err)?;
-    let Some(found) = tx
-        .query_opt(
-            &format!("SELECT {ROW_COLUMNS} FROM sessions WHERE id = $1"),
-            &[&id],
-        )
-        .map_err(err)?
-    else {
+fn refused(write: &SessionWrite<'_>) -> StoreError {
+    StoreError::new(format!(
+        "session {} changed on another host, or is gone: nothing written",
+        write.row.map_or("?", |r| r.id.as_str())
+    ))
+}
+
+/// One session write in one transaction and one round trip; refused unless `row.version`
+/// follows the stored version.
+fn commit_on(c: &mut postgres::Client, write: &SessionWrite<'_>) -> Result<(), StoreError> {
+    let statement = write_statement(write)?;
+    let answers = batch(c, &statement).map_err(err)?;
+    let written = answers
+        .first()
+        .and_then(|rows| rows.first())
+        .map(|r| num(r, 0))
+        .transpose()?;
+    if written != Some(1) {
+        return Err(refused(write));
+    }
+    Ok(())
+}
+
+/// The statements that read session `id` (its row, then the transcript rows and copies
+/// its working and sent histories reference) when its stored version is not `known`
+/// (`None`: always). The references are expanded by the server from the row itself, so
+/// the row and its messages come back in one round trip: runs `a-b` and single `n` are
+/// transcript rows; copies (`cK`) and whole messages (`mN`) are not. A copy's table is
+/// read whole: it holds only the copies the session's histories use.
+fn read_statements(id: &str, known: Option<u64>) -> String {
+    let id = lit(id);
+    let changed = |table: &str| match known {
+        Some(version) => format!("{table}version <> {}", version as i64),
+        None => "true".to_string(),
+    };
+    let (changed, s_changed) = (changed(""), changed("s."));
+    format!(
+        "SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = {id} AND {changed}; \
+         SELECT t.seq, t.message FROM transcript t WHERE t.session_id = {id} AND t.seq IN ( \
+           SELECT generate_series(split_part(item, '-', 1)::bigint, \
+                  COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint) \
+           FROM sessions s, unnest(string_to_array(s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
+           WHERE s.id = {id} AND {s_changed} AND item ~ '^[0-9]'); \
+         SELECT key, seq, message FROM working_copies WHERE session_id = {id} \
+           AND EXISTS (SELECT 1 FROM sessions WHERE id = {id} AND {changed})"
+    )
+}
+
+/// A session from the answers of [`read_statements`]; `None` if its row is not there.
+fn session_of(id: &str, answers: &[Vec<SimpleQueryRow>]) -> Result<Option<StoredSession>, StoreError> {
+    let [rows, transcript_rows, copy_rows] = answers else {
+        return Err(StoreError::new(
+            "the store answered an unexpected number of results",
+        ));
+    };
+    let Some(r) = rows.first() else {
         return Ok(None);
     };
-    let (row, working) = row_of(&found);
-    let refs = decode_working(&working)?;
-    let seqs: Vec<i64> = refs
-        .iter()
-        .filter_map(|r| match r {
-            WorkingRef::Transcript(seq) => Some(*seq as i64),
-            WorkingRef::Copy(_) => None,
-        })
-        .collect();
-    let mut transcript = std::collections::HashMap::new();
-    for r in tx
-        .query(
-            "SELECT seq, message FROM transcript WHERE session_id = $1 AND seq = ANY($2)",
-            &[&id, &seqs],
-        )
-        .map_err(err)?
-    {
-        transcript.insert(r.get::<_, i64>(0) as u64, r.get::<_, String>(1));
+    let row = SessionRow {
+        id: text(r, 0)?,
+        model: text(r, 1)?,
+        effective_ctx: num(r, 2)?,
+        turn: num(r, 3)?,
+        transcript_len: num(r, 4)?,
+        cleared_at: num(r, 5)?,
+        expiration_override: r.get(6).map(str::to_string),
+        created_at: num(r, 7)?,
+        last_active: num(r, 8)?,
+        next_copy: num(r, 9)?,
+        version: num(r, 11)?,
+    };
+    let refs = decode_working(&text(r, 10)?)?;
+    let sent = r.get(12).map(str::to_string);
+    let mut transcript = HashMap::new();
+    for t in transcript_rows {
+        transcript.insert(num(t, 0)?, text(t, 1)?);
     }
-    let mut copies = std::collections::HashMap::new();
-    for r in tx
-        .query(
-            "SELECT key, seq, message FROM working_copies WHERE session_id = $1",
-            &[&id],
-        )
-        .map_err(err)?
-    {
-        copies.insert(
-            r.get::<_, i64>(0) as u64,
-            (
-                r.get::<_, Option<i64>>(1).map(|s| s as u64),
-                r.get::<_, String>(2),
-            ),
-        );
+    let mut copies = HashMap::new();
+    for c in copy_rows {
+        let seq = match c.get(1) {
+            Some(_) => Some(num(c, 1)?),
+            None => None,
+        };
+        copies.insert(num(c, 0)?, (seq, text(c, 2)?));
     }
-    tx.commit().map_err(err)?;
-    let mut messages = Vec::with_capacity(refs.len());
+    let mut working = Vec::with_capacity(refs.len());
     for r in refs {
         let found = match r {
             WorkingRef::Transcript(seq) => transcript.get(&seq).map(|m| (Some(seq), m.clone())),
@@ -392,12 +504,31 @@ fn load_on(c: &mut postgres::Client, id: &str) -> Result<Option<StoredSession>, 
                 "session {id}: working history entry {r:?} is missing"
             )));
         };
-        messages.push((r, seq, message));
+        working.push((r, seq, message));
     }
-    Ok(Some(StoredSession {
-        row,
-        working: messages,
-    }))
+    let sent = resolve_sent(sent, &working, |r| {
+        Ok(match r {
+            WorkingRef::Transcript(seq) => transcript.get(&seq).cloned(),
+            WorkingRef::Copy(key) => copies.get(&key).map(|(_, m)| m.clone()),
+        })
+    })?;
+    Ok(Some(StoredSession { row, working, sent }))
+}
+
+/// A session with its working and sent histories, read in one snapshot and one round trip.
+fn load_on(c: &mut postgres::Client, id: &str) -> Result<Option<StoredSession>, StoreError> {
+    let sql = format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {}; COMMIT",
+        read_statements(id, None)
+    );
+    let answers = batch(c, &sql).map_err(err)?;
+    // BEGIN and COMMIT answer no rows: the reads are in between.
+    session_of(
+        id,
+        answers
+            .get(1..answers.len().saturating_sub(1))
+            .unwrap_or_default(),
+    )
 }
 
 /// A session's lock: a session-level advisory lock held on one pooled connection.
@@ -405,6 +536,11 @@ struct PgLock {
     connection: Connection,
     id: String,
     version: Option<u64>,
+    /// The session as read with the lock, when its version was not the one the host knew.
+    read: Option<StoredSession>,
+    /// Whether the lock was given back already (a commit gives it back in its round trip).
+    released: bool,
+    lock_wait: Duration,
 }
 
 impl SessionLock for PgLock {
@@ -413,26 +549,79 @@ impl SessionLock for PgLock {
     }
 
     fn load(&mut self) -> Result<Option<StoredSession>, StoreError> {
-        load_on(&mut self.connection, &self.id)
+        match self.read.take() {
+            Some(read) => Ok(Some(read)),
+            None => load_on(&mut self.connection, &self.id),
+        }
     }
 
+    /// The write, its commit and the lock's release in one round trip: the lock is given
+    /// back after the commit (a later COMMIT statement in the same message), so the next
+    /// host to take it reads this write. A second commit under the same lock takes it again
+    /// first.
     fn commit(&mut self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
         if write.row.is_some_and(|r| r.id != self.id) {
             return Err(StoreError::new("a session lock commits its own session only"));
         }
-        commit_on(&mut *self.connection, write)
+        let key = session_key(&self.id);
+        let relock = if self.released {
+            format!(
+                "SET lock_timeout = {}; SELECT pg_advisory_lock({key}); RESET lock_timeout; ",
+                self.lock_wait.as_millis().max(1)
+            )
+        } else {
+            String::new()
+        };
+        let sql = format!(
+            "{relock}BEGIN; {}; COMMIT; SELECT pg_advisory_unlock({key})",
+            write_statement(write)?
+        );
+        match batch(&mut self.connection, &sql) {
+            Ok(answers) => {
+                self.released = true;
+                // The write's answer is the one after BEGIN's.
+                let skip = if relock.is_empty() { 1 } else { 4 };
+                let written = answers
+                    .get(skip)
+                    .and_then(|rows| rows.first())
+                    .map(|r| num(r, 0))
+                    .transpose()?;
+                if written != Some(1) {
+                    return Err(refused(write));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The transaction is aborted (or the connection lost, and the server has
+                // released the lock): roll back and give the lock back.
+                let _ = batch(
+                    &mut self.connection,
+                    &format!("ROLLBACK; SELECT pg_advisory_unlock({key})"),
+                );
+                self.released = true;
+                Err(err(e))
+            }
+        }
     }
 }
 
 impl Drop for PgLock {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         // On a lost connection the server has released the lock already.
-        let _ = self
-            .connection
-            .execute(&format!("SELECT pg_advisory_unlock({SESSION_KEY})"), &[&self.id]);
+        let _ = batch(
+            &mut self.connection,
+            &format!("SELECT pg_advisory_unlock({})", session_key(&self.id)),
+        );
     }
 }
 
+/// Session `id`'s advisory lock key, computed by the server.
+fn session_key(id: &str) -> String {
+    format!("hashtextextended('history-session:' || {}, 0)", lit(id))
+}
 impl Store for PgStore {
     fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
         insert(&mut *self.connection()?, row)
@@ -448,6 +637,7 @@ impl Store for PgStore {
         }
         let mut c = self.connection()?;
         let mut tx = c.transaction().map_err(err)?;
+        trips(2 + 2 * sessions.len() as u64);
         for (id, effective_ctx) in sessions {
             tx.execute(
                 "UPDATE sessions SET effective_ctx = $2 WHERE id = $1",
@@ -461,6 +651,7 @@ impl Store for PgStore {
     fn delete(&self, id: &str) -> Result<bool, StoreError> {
         let mut c = self.connection()?;
         let mut tx = c.transaction().map_err(err)?;
+        trips(11);
         // Not while an operation on the session runs on another host.
         tx.batch_execute(&format!(
             "SET LOCAL lock_timeout = {}",
@@ -481,6 +672,7 @@ impl Store for PgStore {
     }
 
     fn sessions(&self) -> Result<Vec<(SessionRow, usize)>, StoreError> {
+        trips(2);
         let rows = self
             .connection()?
             .query(
@@ -501,6 +693,7 @@ impl Store for PgStore {
     }
 
     fn row(&self, id: &str) -> Result<Option<(SessionRow, usize)>, StoreError> {
+        trips(2);
         let found = self
             .connection()?
             .query_opt(
@@ -517,6 +710,7 @@ impl Store for PgStore {
     }
 
     fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError> {
+        trips(2);
         let rows = self
             .connection()?
             .query(
@@ -537,6 +731,7 @@ impl Store for PgStore {
 
     fn check_writable(&self) -> Result<(), StoreError> {
         let mut c = self.connection()?;
+        trips(2);
         let read_only: String = c
             .query_one("SHOW transaction_read_only", &[])
             .map_err(err)?
@@ -549,6 +744,7 @@ impl Store for PgStore {
 
     fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
         let mut c = self.connection()?;
+        trips(2);
         let row = c
             .query_opt("SELECT summary FROM summaries WHERE key = $1", &[&key])
             .map_err(err)?;
@@ -558,6 +754,7 @@ impl Store for PgStore {
     fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
         let mut c = self.connection()?;
         let now = crate::clock::now_ms() as i64;
+        trips(2);
         c.execute(
             "INSERT INTO summaries (key, summary, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
             &[&key, &summary, &now],
@@ -570,39 +767,57 @@ impl Store for PgStore {
         true
     }
 
-    fn lock(&self, id: &str) -> Result<Locked, StoreError> {
-        let mut c = self.connection()?;
-        c.batch_execute(&format!(
-            "SET lock_timeout = {}",
-            self.lock_wait.as_millis().max(1)
-        ))
-        .map_err(err)?;
-        let taken = c.execute(&format!("SELECT pg_advisory_lock({SESSION_KEY})"), &[&id]);
-        let _ = c.batch_execute("RESET lock_timeout");
-        match taken {
-            Ok(_) => {}
-            Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
-                return Ok(Locked::Busy)
+    /// The lock, the session's version and — when it is not the version this host knows —
+    /// the session itself, in one round trip: the statements after the lock's each see
+    /// what was committed before it was taken (READ COMMITTED takes a snapshot per
+    /// statement). A connection found closed (the database restarted since it was pooled)
+    /// is dropped and the lock asked once more on a fresh one.
+    fn lock(&self, id: &str, known: Option<u64>) -> Result<Locked, StoreError> {
+        let sql = format!(
+            "SET lock_timeout = {}; SELECT pg_advisory_lock({}); RESET lock_timeout; \
+             SELECT version FROM sessions WHERE id = {}; {}",
+            self.lock_wait.as_millis().max(1),
+            session_key(id),
+            lit(id),
+            read_statements(id, known),
+        );
+        let mut attempt = 0;
+        let (c, answers) = loop {
+            let mut c = self.connection()?;
+            match batch(&mut c, &sql) {
+                Ok(answers) => break (c, answers),
+                Err(e) if e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                    return Ok(Locked::Busy)
+                }
+                Err(e) if e.is_closed() && attempt == 0 => attempt += 1,
+                Err(e) => return Err(err(e)),
             }
-            Err(e) => return Err(err(e)),
-        }
-        let mut lock = PgLock {
+        };
+        // SET, the lock, RESET, the version, then the session's reads.
+        let version = answers
+            .get(3)
+            .and_then(|rows| rows.first())
+            .map(|r| num(r, 0))
+            .transpose()?;
+        let read = match answers.get(4..) {
+            Some(reads) => session_of(id, reads)?,
+            None => return Err(StoreError::new("the store answered too few results")),
+        };
+        Ok(Locked::Held(Box::new(PgLock {
             connection: c,
             id: id.to_string(),
-            version: None,
-        };
-        lock.version = lock
-            .connection
-            .query_opt("SELECT version FROM sessions WHERE id = $1", &[&id])
-            .map_err(err)?
-            .map(|r| r.get::<_, i64>(0) as u64);
-        Ok(Locked::Held(Box::new(lock)))
+            version,
+            read,
+            released: false,
+            lock_wait: self.lock_wait,
+        })))
     }
 
     fn create_limited(&self, row: &SessionRow, max_users: u64) -> Result<Result<(), u64>, StoreError> {
         let mut c = self.connection()?;
         let mut tx = c.transaction().map_err(err)?;
         // One creation at a time across hosts, so two cannot both take the last place.
+        trips(6);
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
             .map_err(err)?;
         let live: i64 = tx
@@ -628,8 +843,10 @@ impl Store for PgStore {
                 &[&(cutoff_ms.min(i64::MAX as u64) as i64)],
             )
             .map_err(err)?;
+        trips(4);
         let mut reaped = Vec::new();
         for r in rows {
+            trips(2);
             let id: String = r.get(0);
             let free: bool = tx
                 .query_one(
@@ -641,6 +858,7 @@ impl Store for PgStore {
             if !free {
                 continue;
             }
+            trips(6);
             tx.execute("DELETE FROM sessions WHERE id = $1", &[&id])
                 .map_err(err)?;
             tx.execute("DELETE FROM transcript WHERE session_id = $1", &[&id])

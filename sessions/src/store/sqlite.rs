@@ -7,12 +7,13 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    decode_working, encode_working, SessionRow, SessionWrite, Store, StoreError, StoredSession,
+    decode_working, encode_working, resolve_sent, SessionRow, SessionWrite, Store, StoreError, StoredSession,
     TranscriptRow, WorkingRef,
 };
 
-/// 2: `summaries`, the summarizer's answers by key.
-const SCHEMA_VERSION: i64 = 2;
+/// 2: `summaries`, the summarizer's answers by key; 3: `sessions.sent`, the last sent
+/// history (`super::encode_sent`).
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -26,7 +27,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at INTEGER NOT NULL,
     last_active INTEGER NOT NULL,
     next_copy INTEGER NOT NULL,
-    working TEXT NOT NULL
+    working TEXT NOT NULL,
+    sent TEXT
 );
 CREATE TABLE IF NOT EXISTS transcript (
     session_id TEXT NOT NULL,
@@ -133,6 +135,16 @@ impl SqliteStore {
             )));
         }
         writer.execute_batch(SCHEMA).map_err(err)?;
+        // Version 3 added `sessions.sent` (a store made before has the table without it).
+        let has_sent = writer
+            .prepare("SELECT 1 FROM pragma_table_info('sessions') WHERE name = 'sent'")
+            .and_then(|mut s| s.exists([]))
+            .map_err(err)?;
+        if !has_sent {
+            writer
+                .execute_batch("ALTER TABLE sessions ADD COLUMN sent TEXT;")
+                .map_err(err)?;
+        }
         writer
             .execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
             .map_err(err)?;
@@ -206,8 +218,8 @@ impl Store for SqliteStore {
             let updated = tx
                 .execute(
                     "UPDATE sessions SET model = ?2, effective_ctx = ?3, turn = ?4, transcript_len = ?5, \
-                     cleared_at = ?6, expiration_override = ?7, last_active = ?8, next_copy = ?9, working = ?10 \
-                     WHERE id = ?1",
+                     cleared_at = ?6, expiration_override = ?7, last_active = ?8, next_copy = ?9, working = ?10, \
+                     sent = ?11 WHERE id = ?1",
                     params![
                         row.id,
                         row.model,
@@ -219,6 +231,7 @@ impl Store for SqliteStore {
                         row.last_active as i64,
                         row.next_copy as i64,
                         encode_working(write.working),
+                        write.sent,
                     ],
                 )
                 .map_err(err)?;
@@ -304,11 +317,11 @@ impl Store for SqliteStore {
         let mut connection = self.reader();
         // One snapshot for the row and the messages it references.
         let tx = connection.transaction().map_err(err)?;
-        let Some((row, working)) = tx
+        let Some(((row, working), sent)) = tx
             .query_row(
-                &format!("SELECT {ROW_COLUMNS} FROM sessions WHERE id = ?1"),
+                &format!("SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = ?1"),
                 params![id],
-                row_of,
+                |r| Ok((row_of(r)?, r.get::<_, Option<String>>(11)?)),
             )
             .optional()
             .map_err(err)?
@@ -349,10 +362,29 @@ impl Store for SqliteStore {
                 messages.push((r, seq, message));
             }
         }
+        let sent = {
+            let mut transcript = tx
+                .prepare_cached("SELECT message FROM transcript WHERE session_id = ?1 AND seq = ?2")
+                .map_err(err)?;
+            let mut copies = tx
+                .prepare_cached("SELECT message FROM working_copies WHERE session_id = ?1 AND key = ?2")
+                .map_err(err)?;
+            resolve_sent(sent, &messages, |r| {
+                let (statement, n) = match r {
+                    WorkingRef::Transcript(seq) => (&mut transcript, seq),
+                    WorkingRef::Copy(key) => (&mut copies, key),
+                };
+                statement
+                    .query_row(params![id, n as i64], |r| r.get::<_, String>(0))
+                    .optional()
+                    .map_err(err)
+            })?
+        };
         tx.finish().map_err(err)?;
         Ok(Some(StoredSession {
             row,
             working: messages,
+            sent,
         }))
     }
 
@@ -469,6 +501,7 @@ mod tests {
                     working: &[WorkingRef::Transcript(1), WorkingRef::Copy(1)],
                     new_copies: &copies,
                     dropped_copies: &[],
+                    sent: Some("1,m0\n{}"),
                 })
                 .unwrap();
             // A write that fails part-way changes nothing: seq 2 exists already.

@@ -191,3 +191,88 @@ fn a_read_only_store_is_refused_at_start_in_one_line() {
     assert_eq!(answer.body["turn"], 2);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+/// The last sent history is stored with its turn (docs/sessions.md#the-store): after a
+/// restart `?view=sent` gives it unchanged, and the next turn's `prefix_kept` is measured
+/// against it.
+fn the_last_sent_history_survives_a_restart(kind: Kind) {
+    let config = shipped_config("", &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    let id = server.create("gpt-4o");
+    let turn_body = |n: u64, display: bool| {
+        let mut body = j!({ "messages": [
+            {"role": "user", "content": format!("step {n}")},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{n}"), "type": "function",
+                "function": {"name": "read_file", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": format!("c{n}"), "content": format!("file {n}: {}", "text ".repeat(50))},
+            {"role": "assistant", "content": format!("done {n}")},
+        ]});
+        if display {
+            body["context"] = j!([{"text": "shown this turn only", "display": true}]);
+        }
+        body
+    };
+    let mut last = Value::Null;
+    for n in 1..=8u64 {
+        let answer = server.post(&format!("/v1/sessions/{id}/turns"), &turn_body(n, n == 8));
+        assert_eq!(answer.status, 200, "{answer:?}");
+        last = answer.body;
+    }
+    let sent = server.history(&id, true);
+    assert_eq!(sent, last["history"], "the sent view is the last turn's answer");
+    // The display context is in the sent history only, and older tool results are
+    // placeholders (copies): the stored sent history has references of both kinds and a
+    // message of its own.
+    let sent_messages = sent.as_array().unwrap();
+    let shown = sent_messages
+        .iter()
+        .rposition(|m| m.to_string().contains("shown this turn only"))
+        .expect("the display context is sent");
+    assert_ne!(
+        sent,
+        server.history(&id, false),
+        "the sent history differs from the working one"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+
+    let server = Server::start(&config.path, store.path(), &[]);
+    assert_eq!(
+        server.history(&id, true),
+        sent,
+        "the sent view after a restart, before any turn"
+    );
+    let next = server.post(&format!("/v1/sessions/{id}/turns"), &turn_body(9, false));
+    assert_eq!(next.status, 200, "{next:?}");
+    // The first message that differs from the stored sent history: at the latest the user
+    // message that carried the display context last turn and carries none now (before
+    // it, the tool result that tool_result_filter turns into a placeholder this turn).
+    let new_sent = next.body["history"].as_array().unwrap();
+    let expected = sent_messages
+        .iter()
+        .zip(new_sent)
+        .position(|(a, b)| a != b)
+        .unwrap_or(sent_messages.len().min(new_sent.len()));
+    assert!(
+        expected <= shown,
+        "the display context is gone from the prefix: {expected} > {shown}"
+    );
+    assert_eq!(
+        next.body["prefix_kept"],
+        j!(expected),
+        "prefix_kept is measured against the stored sent history: {}",
+        next.body
+    );
+    assert_eq!(server.stop().code(), Some(0));
+
+    // In the store: a sent history of references plus the one message of its own.
+    let stored = store.open().load(&id).unwrap().unwrap();
+    let (encoded, messages) = stored.sent.expect("a sent history is stored");
+    assert_eq!(messages.len(), new_sent.len());
+    assert!(
+        !encoded.contains('\n'),
+        "no display context this turn: every sent message is a reference ({encoded:?})"
+    );
+}
+
+e2e_tests::store_tests!(the_last_sent_history_survives_a_restart,);
