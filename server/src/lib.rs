@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use history_sessions::{Options, Service};
 
 pub use auth::operator_token;
@@ -153,6 +154,13 @@ async fn run(options: ServeOptions) -> Result<(), String> {
         tracing::warn!("hot reload is off: {e}");
     }
     let shutting_down = service.clone();
+    // No Nagle delay on the clients' connections: a proxied stream's chunks and a small
+    // answer after its headers go out at once (docs/proxy.md#performance).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;

@@ -15,7 +15,9 @@ use history_engine::{stateless_context, turns, Call, ChainRun};
 use history_sessions::service::history_json;
 use history_sessions::{ErrorKind, SessionError};
 use http_body_util::{BodyExt, Full};
-use serde_json::{json, Map, Value};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::routes::App;
@@ -112,27 +114,31 @@ pub async fn chat_completions(
             format!("cannot read the body: {}", rejection.body_text()),
         )
     })?;
-    let mut request: Map<String, Value> = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(object)) => object,
-        Ok(_) => return Err(OpenAiError::invalid("the body must be a JSON object")),
+    // Parsed once: the members stay raw JSON text, only `model` and `messages` are read.
+    let body = match serde_json::from_slice::<RequestBody<'_>>(&bytes) {
+        Ok(RequestBody::Object(members)) => members,
+        Ok(RequestBody::Other) => return Err(OpenAiError::invalid("the body must be a JSON object")),
         Err(e) => return Err(OpenAiError::invalid(format!("the body is not valid JSON: {e}"))),
     };
-    let model = match request.get("model") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(model)) => Some(model.clone()),
-        Some(other) => {
+    let member = |name: &str| body.iter().find(|(key, _)| key == name).map(|(_, raw)| *raw);
+    let model = match member("model").map(|raw| serde_json::from_str::<Value>(raw.get())) {
+        None | Some(Ok(Value::Null)) => None,
+        Some(Ok(Value::String(model))) => Some(model),
+        Some(Ok(other)) => {
             return Err(OpenAiError::invalid(format!(
                 "model: expected a string, found {}",
                 history_engine::echo::bare(&other.to_string())
             )))
         }
+        Some(Err(e)) => return Err(OpenAiError::invalid(format!("model: {e}"))),
     };
-    let messages = match request.get_mut("messages").map(Value::take) {
-        Some(Value::Array(messages)) if !messages.is_empty() => messages,
-        Some(Value::Array(_)) => {
+    let messages = match member("messages").map(|raw| serde_json::from_str::<Value>(raw.get())) {
+        Some(Ok(Value::Array(messages))) if !messages.is_empty() => messages,
+        Some(Ok(Value::Array(_))) => {
             return Err(OpenAiError::invalid("messages: at least one message is needed"))
         }
-        Some(_) => return Err(OpenAiError::invalid("messages: expected an array of messages")),
+        Some(Ok(_)) => return Err(OpenAiError::invalid("messages: expected an array of messages")),
+        Some(Err(e)) => return Err(OpenAiError::invalid(format!("messages: {e}"))),
         None => return Err(OpenAiError::invalid("missing \"messages\"")),
     };
     let session = match headers.get(SESSION_HEADER) {
@@ -152,21 +158,18 @@ pub async fn chat_completions(
         }
         None => stateless_run(&app, messages, model).await?,
     };
-    let mut sent = history_json(&run.history);
-    if session.is_some() {
+    // The sent history written once, straight to JSON text (no Value in between).
+    let sent = if session.is_some() {
+        let mut sent = history_json(&run.history);
         strip_stamps(&mut sent);
-    }
-    request.insert("messages".to_string(), sent);
-    let body = serde_json::to_vec(&Value::Object(request)).expect("JSON values serialize");
+        sent.to_string()
+    } else {
+        plugin_api::wire::history_to_string(&run.history)
+    };
+    let body = forwarded_body(&body, &sent);
+    drop(bytes);
 
-    let mut response = forward(
-        upstream,
-        Method::POST,
-        "/chat/completions",
-        &headers,
-        Bytes::from(body),
-    )
-    .await?;
+    let mut response = forward(upstream, Method::POST, "/chat/completions", &headers, body).await?;
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {
         added.insert(HeaderName::from_static("x-history-messages"), value);
@@ -175,6 +178,95 @@ pub async fn chat_completions(
         added.insert(HeaderName::from_static("x-history-tokens"), value);
     }
     Ok(response)
+}
+
+/// A request body: an object's members in their order, each value as its raw JSON text
+/// (borrowed from the body), or any other JSON value. Read once, without building a
+/// `Value` of the whole body: every member but `messages` is forwarded as these bytes.
+enum RequestBody<'a> {
+    Object(Vec<(String, &'a RawValue)>),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for RequestBody<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = RequestBody<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut members: Vec<(String, &'de RawValue)> = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    // A repeated key: the last value in the first one's place, as a
+                    // `serde_json::Map` (preserve_order) reads it.
+                    match members.iter_mut().find(|(k, _)| *k == key) {
+                        Some(member) => member.1 = value,
+                        None => members.push((key, value)),
+                    }
+                }
+                Ok(RequestBody::Object(members))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(RequestBody::Other)
+            }
+
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+                Ok(RequestBody::Other)
+            }
+
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+                Ok(RequestBody::Other)
+            }
+
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+                Ok(RequestBody::Other)
+            }
+
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+                Ok(RequestBody::Other)
+            }
+
+            fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
+                Ok(RequestBody::Other)
+            }
+
+            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+                Ok(RequestBody::Other)
+            }
+        }
+        deserializer.deserialize_any(Members)
+    }
+}
+
+/// The body sent upstream: the request's members in their order and as their bytes came,
+/// with `sent` (the sent history's JSON text) as the value of `messages`.
+fn forwarded_body(members: &[(String, &RawValue)], sent: &str) -> Bytes {
+    let size = members
+        .iter()
+        .map(|(key, raw)| key.len() + raw.get().len() + 4)
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size + sent.len());
+    out.push(b'{');
+    for (index, (key, raw)) in members.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, key).expect("writing to a Vec cannot fail");
+        out.push(b':');
+        match key.as_str() {
+            "messages" => out.extend_from_slice(sent.as_bytes()),
+            _ => out.extend_from_slice(raw.get().as_bytes()),
+        }
+    }
+    out.push(b'}');
+    Bytes::from(out)
 }
 
 /// `GET /v1/models`: passed through.
@@ -366,4 +458,52 @@ async fn forward(
             e.to_string(),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(body: &str) -> Vec<(String, &RawValue)> {
+        match serde_json::from_str::<RequestBody<'_>>(body) {
+            Ok(RequestBody::Object(members)) => members,
+            Ok(RequestBody::Other) => panic!("not an object: {body}"),
+            Err(e) => panic!("{body}: {e}"),
+        }
+    }
+
+    #[test]
+    fn the_forwarded_body_keeps_every_other_member_as_its_bytes_came_in_its_place() {
+        let body = r#"{"model":"m", "temperature": 0.20, "messages":[{"role":"user","content":"a"}],"tools":[{"x":1e2}] ,"z":null}"#;
+        let sent = r#"[{"role":"user","content":"b"}]"#;
+        let forwarded = forwarded_body(&members(body), sent);
+        assert_eq!(
+            std::str::from_utf8(&forwarded).unwrap(),
+            r#"{"model":"m","temperature":0.20,"messages":[{"role":"user","content":"b"}],"tools":[{"x":1e2}],"z":null}"#
+        );
+    }
+
+    #[test]
+    fn a_repeated_member_is_read_as_serde_json_reads_it() {
+        let body = r#"{"a":1,"messages":[],"a":{"b":2},"k\"ey":"v"}"#;
+        let ours = String::from_utf8(forwarded_body(&members(body), "[]").to_vec()).unwrap();
+        let theirs: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(ours, theirs.to_string());
+    }
+
+    #[test]
+    fn a_body_that_is_no_object_or_no_json_is_told_apart() {
+        for other in ["[1, [2, {}]]", "\"text\"", "3", "-3", "1.5", "true", "null"] {
+            assert!(
+                matches!(
+                    serde_json::from_str::<RequestBody<'_>>(other),
+                    Ok(RequestBody::Other)
+                ),
+                "{other}"
+            );
+        }
+        for bad in ["", "{", "{\"a\":}", "{} {}", "{\"messages\":[1,]}"] {
+            assert!(serde_json::from_str::<RequestBody<'_>>(bad).is_err(), "{bad}");
+        }
+    }
 }
