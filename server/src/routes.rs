@@ -216,10 +216,15 @@ async fn turn(
     State(app): State<App>,
     Path(id): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>> {
+) -> Result<Response> {
     let input = turn_body(&bytes(body)?)?;
     let outcome = app.service.turn(&id, input).await?;
-    Ok(Json(turn_json(&outcome)))
+    // Already JSON text (turn_json writes the sent history straight out).
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        turn_json(&outcome),
+    )
+        .into_response())
 }
 
 /// `POST /v1/sessions`: the model and the expiration override.

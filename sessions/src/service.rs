@@ -1084,8 +1084,8 @@ pub fn switch_json(outcome: &SwitchOutcome) -> Value {
     })
 }
 
-/// A turn's result: `{turn, history, working_size, events, stats}`.
-pub fn turn_json(outcome: &TurnOutcome) -> Value {
+/// A turn's result as JSON text: `{turn, model, effective_ctx, history, working_size, events, stats, prefix_kept, input_faults}`.
+pub fn turn_json(outcome: &TurnOutcome) -> String {
     let run = &outcome.run;
     let mut events = Vec::new();
     let mut stats = Vec::new();
@@ -1111,17 +1111,31 @@ pub fn turn_json(outcome: &TurnOutcome) -> Value {
             "quarantined": stage.quarantined,
         }));
     }
-    json!({
+    // The sent history is most of the answer: written straight as text by the wire
+    // writer, not parsed into a `Value` and serialized again. The members keep the order
+    // docs/http-api.md shows.
+    let head = json!({
         "turn": outcome.turn,
         "model": outcome.model.name.as_str(),
         "effective_ctx": outcome.model.effective_ctx,
-        "history": history_json(&run.history),
+    });
+    let tail = json!({
         "working_size": run.working.len(),
         "events": events,
         "stats": stats,
         "prefix_kept": run.prefix_kept,
         "input_faults": run.input_faults,
-    })
+    });
+    let history = plugin_api::wire::history_to_string(&run.history);
+    let (head, tail) = (head.to_string(), tail.to_string());
+    let mut out = String::with_capacity(head.len() + history.len() + tail.len() + 16);
+    // `{"turn":…,"effective_ctx":…` + `,"history":[…]` + `,"working_size":…}`
+    out.push_str(&head[..head.len() - 1]);
+    out.push_str(",\"history\":");
+    out.push_str(&history);
+    out.push(',');
+    out.push_str(&tail[1..]);
+    out
 }
 
 /// An expiration override from a request, checked, as the JSON the store keeps; `null` or

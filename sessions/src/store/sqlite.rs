@@ -2,13 +2,14 @@
 //! settings, and what they guarantee).
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    decode_working, encode_working, resolve_sent, SessionRow, SessionWrite, Store, StoreError, StoredSession,
-    TranscriptRow, WorkingRef,
+    decode_working, encode_working, resolve_sent, CopyRow, SessionRow, SessionWrite, Store, StoreError,
+    StoredSession, TranscriptRow, WorkingRef,
 };
 
 /// 2: `summaries`, the summarizer's answers by key; 3: `sessions.sent`, the last sent
@@ -57,9 +58,40 @@ CREATE TABLE IF NOT EXISTS summaries (
 
 /// The embedded SQLite store. One connection writes (SQLite has one writer at a time
 /// anyway), another reads, so a transcript page does not wait for a commit's fsync.
+///
+/// Session writes are group-committed (docs/sessions.md#durability): a write queues
+/// itself, then waits for the writer connection; whoever gets the connection with its own
+/// write still undone takes every queued write and commits them in one transaction, one
+/// fsync, each inside a savepoint of its own. So the writes that arrive while a commit is
+/// in flight share the next one, and each caller returns only after the transaction that
+/// holds its write has committed (the connection is released only then).
 pub struct SqliteStore {
     writer: Mutex<Connection>,
     reader: Mutex<Connection>,
+    /// Session writes waiting for the next group commit.
+    queue: Mutex<Vec<Arc<Pending>>>,
+    /// Group-commit transactions run (each one fsync).
+    batches: AtomicU64,
+}
+
+/// A session write waiting in the group-commit queue, owned so the committing thread can
+/// run it, and its outcome, set once by that thread before it releases the connection.
+struct Pending {
+    row: SessionRow,
+    transcript: Vec<TranscriptRow>,
+    working: String,
+    /// The encoded last sent history (store/mod.rs `encode_sent`).
+    sent: Option<String>,
+    new_copies: Vec<CopyRow>,
+    dropped_copies: Vec<u64>,
+    result: OnceLock<Result<(), StoreError>>,
+}
+
+impl Pending {
+    fn finish(&self, result: Result<(), StoreError>) {
+        // Set once: a write is in exactly one batch.
+        let _ = self.result.set(result);
+    }
 }
 
 /// A SQLite error as a store error. A store that cannot take writes now — its disk full,
@@ -152,7 +184,65 @@ impl SqliteStore {
         Ok(SqliteStore {
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),
+            queue: Mutex::new(Vec::new()),
+            batches: AtomicU64::new(0),
         })
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Pending>>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commits `batch` in one transaction, a savepoint per write: a write that fails
+    /// (no such session, a duplicate row) is rolled back alone and fails alone. Every
+    /// write of the batch has its outcome set when this returns.
+    fn commit_batch(&self, connection: &mut Connection, batch: &[Arc<Pending>]) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        let mut tx = match connection.transaction() {
+            Ok(tx) => tx,
+            Err(e) => {
+                fail_all(batch, err(e));
+                return;
+            }
+        };
+        let mut written = Vec::with_capacity(batch.len());
+        for (i, pending) in batch.iter().enumerate() {
+            let savepoint = match tx.savepoint() {
+                Ok(savepoint) => savepoint,
+                Err(e) => {
+                    fail_all(batch, err(e));
+                    return;
+                }
+            };
+            match write_one(&savepoint, pending) {
+                Ok(()) => match savepoint.commit() {
+                    Ok(()) => written.push(pending),
+                    Err(e) => {
+                        fail_all(batch, err(e));
+                        return;
+                    }
+                },
+                Err(e) => {
+                    // Some errors (a full disk, an I/O error) make SQLite roll back the
+                    // whole transaction, and the savepoint with it; an undo that fails
+                    // leaves this write's part in. Either way the batch cannot commit:
+                    // every write of it fails (dropping `tx` rolls back what is left).
+                    let undone = savepoint.finish();
+                    if undone.is_err() || tx.is_autocommit() {
+                        for p in written.iter().copied().chain(&batch[i + 1..]) {
+                            p.finish(Err(e.clone()));
+                        }
+                        pending.finish(Err(e));
+                        return;
+                    }
+                    pending.finish(Err(e));
+                }
+            }
+        }
+        let committed = tx.commit().map_err(err);
+        for pending in written {
+            pending.finish(committed.clone());
+        }
     }
 
     fn writer(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -162,6 +252,64 @@ impl SqliteStore {
     fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.reader.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Fails every write of `batch` not failed already with `e`.
+fn fail_all(batch: &[Arc<Pending>], e: StoreError) {
+    batch.iter().for_each(|p| p.finish(Err(e.clone())));
+}
+
+/// One session write's statements, inside the caller's transaction or savepoint.
+fn write_one(connection: &Connection, write: &Pending) -> Result<(), StoreError> {
+    let row = &write.row;
+    let updated = connection
+        .prepare_cached(
+            "UPDATE sessions SET model = ?2, effective_ctx = ?3, turn = ?4, transcript_len = ?5, \
+             cleared_at = ?6, expiration_override = ?7, last_active = ?8, next_copy = ?9, working = ?10, \
+             sent = ?11 WHERE id = ?1",
+        )
+        .and_then(|mut update| {
+            update.execute(params![
+                row.id,
+                row.model,
+                row.effective_ctx as i64,
+                row.turn as i64,
+                row.transcript_len as i64,
+                row.cleared_at as i64,
+                row.expiration_override,
+                row.last_active as i64,
+                row.next_copy as i64,
+                write.working,
+                write.sent,
+            ])
+        })
+        .map_err(err)?;
+    if updated != 1 {
+        return Err(StoreError::new(format!("no session {}", row.id)));
+    }
+    let mut insert = connection
+        .prepare_cached("INSERT INTO transcript (session_id, seq, turn, message) VALUES (?1, ?2, ?3, ?4)")
+        .map_err(err)?;
+    for t in &write.transcript {
+        insert
+            .execute(params![row.id, t.seq as i64, t.turn as i64, t.message])
+            .map_err(err)?;
+    }
+    let mut insert = connection
+        .prepare_cached("INSERT INTO working_copies (session_id, key, seq, message) VALUES (?1, ?2, ?3, ?4)")
+        .map_err(err)?;
+    for c in &write.new_copies {
+        insert
+            .execute(params![row.id, c.key as i64, c.seq.map(|s| s as i64), c.message])
+            .map_err(err)?;
+    }
+    let mut delete = connection
+        .prepare_cached("DELETE FROM working_copies WHERE session_id = ?1 AND key = ?2")
+        .map_err(err)?;
+    for key in &write.dropped_copies {
+        delete.execute(params![row.id, *key as i64]).map_err(err)?;
+    }
+    Ok(())
 }
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SessionRow, String)> {
@@ -212,60 +360,30 @@ impl Store for SqliteStore {
         let Some(row) = write.row else {
             return Err(StoreError::new("a session write needs its row"));
         };
+        let pending = Arc::new(Pending {
+            row: row.clone(),
+            transcript: write.transcript.to_vec(),
+            working: encode_working(write.working),
+            sent: write.sent.map(str::to_string),
+            new_copies: write.new_copies.to_vec(),
+            dropped_copies: write.dropped_copies.to_vec(),
+            result: OnceLock::new(),
+        });
+        self.queue().push(Arc::clone(&pending));
         let mut connection = self.writer();
-        let tx = connection.transaction().map_err(err)?;
-        {
-            let updated = tx
-                .execute(
-                    "UPDATE sessions SET model = ?2, effective_ctx = ?3, turn = ?4, transcript_len = ?5, \
-                     cleared_at = ?6, expiration_override = ?7, last_active = ?8, next_copy = ?9, working = ?10, \
-                     sent = ?11 WHERE id = ?1",
-                    params![
-                        row.id,
-                        row.model,
-                        row.effective_ctx as i64,
-                        row.turn as i64,
-                        row.transcript_len as i64,
-                        row.cleared_at as i64,
-                        row.expiration_override,
-                        row.last_active as i64,
-                        row.next_copy as i64,
-                        encode_working(write.working),
-                        write.sent,
-                    ],
-                )
-                .map_err(err)?;
-            if updated != 1 {
-                return Err(StoreError::new(format!("no session {}", row.id)));
-            }
-            let mut insert = tx
-                .prepare_cached(
-                    "INSERT INTO transcript (session_id, seq, turn, message) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(err)?;
-            for t in write.transcript {
-                insert
-                    .execute(params![row.id, t.seq as i64, t.turn as i64, t.message])
-                    .map_err(err)?;
-            }
-            let mut insert = tx
-                .prepare_cached(
-                    "INSERT INTO working_copies (session_id, key, seq, message) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(err)?;
-            for c in write.new_copies {
-                insert
-                    .execute(params![row.id, c.key as i64, c.seq.map(|s| s as i64), c.message])
-                    .map_err(err)?;
-            }
-            let mut delete = tx
-                .prepare_cached("DELETE FROM working_copies WHERE session_id = ?1 AND key = ?2")
-                .map_err(err)?;
-            for key in write.dropped_copies {
-                delete.execute(params![row.id, *key as i64]).map_err(err)?;
-            }
+        if pending.result.get().is_none() {
+            // Not taken by the thread that held the connection before: this thread commits
+            // every write queued now, its own among them.
+            let batch = std::mem::take(&mut *self.queue());
+            self.commit_batch(&mut connection, &batch);
         }
-        tx.commit().map_err(err)
+        drop(connection);
+        pending.result.get().cloned().unwrap_or_else(|| {
+            // Only if the committing thread panicked part-way (its transaction rolled back).
+            Err(StoreError::new(
+                "the store's writer failed before this write was committed",
+            ))
+        })
     }
 
     fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {
@@ -546,5 +664,150 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+    }
+
+    fn turn_of(id: &str, turn: u64) -> (SessionRow, Vec<TranscriptRow>) {
+        let mut r = row(id);
+        r.turn = turn;
+        r.transcript_len = turn;
+        let transcript = vec![TranscriptRow {
+            seq: turn,
+            turn,
+            message: format!(r#"{{"role":"user","content":"{id} {turn}"}}"#),
+        }];
+        (r, transcript)
+    }
+
+    fn commit_turn(store: &SqliteStore, id: &str, turn: u64) -> Result<(), StoreError> {
+        let (mut r, transcript) = turn_of(id, turn);
+        // A write that fails must leave no part behind: the model shows its row update.
+        r.model = format!("m{turn}");
+        let working: Vec<WorkingRef> = (1..=turn).map(WorkingRef::Transcript).collect();
+        store.commit(&SessionWrite {
+            row: Some(&r),
+            transcript: &transcript,
+            working: &working,
+            ..Default::default()
+        })
+    }
+
+    /// Writes queued while the connection is busy are committed together, and a write
+    /// that fails (its session unknown, a duplicate transcript row) fails alone.
+    #[test]
+    fn queued_writes_share_one_commit_and_a_failing_one_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).unwrap();
+        for id in ["a", "b", "c", "d"] {
+            store.create(&row(id)).unwrap();
+        }
+        commit_turn(&store, "d", 1).unwrap();
+        store
+            .writer()
+            .execute("UPDATE sessions SET model = 'kept' WHERE id = 'd'", [])
+            .unwrap();
+        let before = store.batches.load(Ordering::Relaxed);
+        let results = std::thread::scope(|scope| {
+            // Holding the connection as a commit in flight would: every write queues.
+            let busy = store.writer();
+            let handles: Vec<_> = [("a", 1), ("ghost", 1), ("b", 1), ("d", 1), ("c", 1)]
+                .into_iter()
+                .map(|(id, turn)| {
+                    let store = &store;
+                    scope.spawn(move || (id, commit_turn(store, id, turn)))
+                })
+                .collect();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while store.queue().len() < handles.len() {
+                assert!(std::time::Instant::now() < deadline, "the writes never queued");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(busy);
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        assert_eq!(
+            store.batches.load(Ordering::Relaxed) - before,
+            1,
+            "one transaction for the five queued writes"
+        );
+        for (id, result) in results {
+            match id {
+                "ghost" => assert_eq!(result.unwrap_err().message, "no session ghost"),
+                // Turn 1 of d is stored already: its transcript row 1 exists.
+                "d" => assert!(result.unwrap_err().message.contains("UNIQUE"), "{id}"),
+                _ => result.unwrap_or_else(|e| panic!("{id}: {e}")),
+            }
+        }
+        drop(store);
+        let store = SqliteStore::open(&path).unwrap();
+        for id in ["a", "b", "c", "d"] {
+            let loaded = store.load(id).unwrap().unwrap();
+            assert_eq!(loaded.row.turn, 1, "{id}");
+            assert_eq!(store.transcript(id, 1, 10).unwrap().len(), 1, "{id}");
+        }
+        assert_eq!(store.load("a").unwrap().unwrap().row.model, "m1");
+        assert_eq!(
+            store.load("d").unwrap().unwrap().row.model,
+            "kept",
+            "the failed write's row update was rolled back"
+        );
+        assert_eq!(
+            store.transcript("d", 1, 1).unwrap()[0].message,
+            r#"{"role":"user","content":"d 1"}"#
+        );
+        assert!(store.load("ghost").unwrap().is_none());
+    }
+
+    /// Many threads committing at once: every acknowledged write is there after reopening,
+    /// in fewer transactions than writes.
+    #[test]
+    fn concurrent_commits_are_all_durable_in_fewer_transactions() {
+        const THREADS: usize = 16;
+        const TURNS: u64 = 25;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let ids: Vec<String> = (0..THREADS).map(|i| format!("s{i}")).collect();
+        for id in &ids {
+            store.create(&row(id)).unwrap();
+        }
+        let before = store.batches.load(Ordering::Relaxed);
+        std::thread::scope(|scope| {
+            // The first writes queue behind a busy connection, so at least that batch is
+            // shared whatever the scheduling.
+            let busy = store.writer();
+            for id in &ids {
+                let store = &store;
+                scope.spawn(move || {
+                    for turn in 1..=TURNS {
+                        commit_turn(store, id, turn).unwrap_or_else(|e| panic!("{id} {turn}: {e}"));
+                    }
+                });
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while store.queue().len() < THREADS {
+                assert!(std::time::Instant::now() < deadline, "the writes never queued");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(busy);
+        });
+        let batches = store.batches.load(Ordering::Relaxed) - before;
+        let writes = THREADS as u64 * TURNS;
+        assert!(batches < writes, "{batches} transactions for {writes} writes");
+        drop(store);
+        let store = SqliteStore::open(&path).unwrap();
+        for id in &ids {
+            let loaded = store.load(id).unwrap().unwrap();
+            assert_eq!(loaded.row.turn, TURNS, "{id}");
+            assert_eq!(loaded.working.len(), TURNS as usize, "{id}");
+            let transcript = store.transcript(id, 1, 100).unwrap();
+            assert_eq!(transcript.len(), TURNS as usize, "{id}");
+            for (t, r) in transcript.iter().enumerate() {
+                assert_eq!(
+                    r.message,
+                    format!(r#"{{"role":"user","content":"{id} {}"}}"#, t + 1)
+                );
+            }
+        }
     }
 }
