@@ -412,9 +412,11 @@ impl Chain {
                 report.quarantined = stage.is_quarantined();
                 result
             }
-            (Runner::InProcess(instance), ..) => {
+            // No deadline: the call runs here, with a service clock of its own so its
+            // waiting for summaries is still bounded by `[summarizer] timeout_ms` in all.
+            (Runner::InProcess(instance), ..) => crate::deadline::with_service_clock(|| {
                 logging::with_plugin(&stage.name, || call_instance(instance, &state.history, ctx, call))
-            }
+            }),
         };
         let history = &state.history;
         // Identities are unique here (assign_origins), as check_stage requires.

@@ -52,9 +52,10 @@ pub(crate) fn in_host_service<R>(f: impl FnOnce() -> R) -> R {
     result
 }
 
-/// Runs `f`, a plugin call made on this thread (an isolated plugin's, which waits on its
-/// worker's pipe rather than on a helper thread), with a service clock of its own, so
-/// [`in_host_service`] and [`host_service_spent`] count its host-service time.
+/// Runs `f`, a plugin call made on this thread rather than on a helper thread (an isolated
+/// plugin's, which waits on its worker's pipe; any call when there is no deadline), with a
+/// service clock of its own, so [`in_host_service`] and [`host_service_spent`] count its
+/// host-service time.
 pub(crate) fn with_service_clock<R>(f: impl FnOnce() -> R) -> R {
     let outer = CURRENT.with(|c| c.borrow_mut().replace(Arc::new(ServiceTime::default())));
     let result = f();

@@ -323,13 +323,20 @@ fn waiting_for_the_summarizer_is_the_hosts_time(history_lines: &str) {
 
 #[test]
 fn one_plugin_call_waits_for_summaries_at_most_timeout_ms_in_all() {
+    // Under a deadline and without one (the call then runs on the turn's own thread).
+    for deadline in ["plugin_timeout_ms = 300", "plugin_timeout_ms = 0"] {
+        a_call_shares_its_timeout_ms_between_its_summaries(deadline);
+    }
+}
+
+fn a_call_shares_its_timeout_ms_between_its_summaries(deadline: &str) {
     // Two texts, 700 ms each, with timeout_ms = 1000 for the whole call: the first is
     // answered, the second may wait only what is left (about 300 ms) and falls back.
     let upstream = Upstream::start(Behaviour {
         slow: Duration::from_millis(700),
         ..Behaviour::default()
     });
-    let config = config_with(&upstream.base_url(), "slow", 1000, "plugin_timeout_ms = 300");
+    let config = config_with(&upstream.base_url(), "slow", 1000, deadline);
     let mut history = history_with_a_text_twice();
     for message in history.as_array_mut().unwrap().iter_mut() {
         if message["role"] == "tool" && message["tool_call_id"] == "s2" {
