@@ -694,9 +694,40 @@ impl Writer {
     }
 }
 
+/// Appends `value` as a JSON string, escaped byte for byte as serde_json escapes it (`"`,
+/// `\\`, the short escapes `\b \f \n \r \t`, other control characters as `\u00xx`;
+/// nothing else), straight into `out`: the unescaped runs are copied whole.
 fn write_string(out: &mut String, value: &str) {
-    // serde_json's escaping: never fails for a str.
-    out.push_str(&serde_json::to_string(value).unwrap_or_default());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(value.len() + 2);
+    out.push('"');
+    let bytes = value.as_bytes();
+    let mut run = 0;
+    for (i, &byte) in bytes.iter().enumerate() {
+        let short = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            0x0C => "\\f",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x00..=0x1F => "",
+            _ => continue,
+        };
+        // Escaped bytes are ASCII, so `run..i` lies on character boundaries.
+        out.push_str(&value[run..i]);
+        if short.is_empty() {
+            out.push_str("\\u00");
+            out.push(HEX[usize::from(byte >> 4)] as char);
+            out.push(HEX[usize::from(byte & 0xF)] as char);
+        } else {
+            out.push_str(short);
+        }
+        run = i + 1;
+    }
+    out.push_str(&value[run..]);
+    out.push('"');
 }
 
 fn write_content(out: &mut String, content: &Content) {
@@ -830,6 +861,17 @@ fn write_metadata(out: &mut String, meta: &Metadata) {
 
 /// Appends one message as compact JSON.
 pub fn write_message(out: &mut String, message: &Message) {
+    write_message_as(out, message, WithMetadata::Yes);
+}
+
+/// Whether a message is written with its `metadata` member.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WithMetadata {
+    Yes,
+    No,
+}
+
+fn write_message_as(out: &mut String, message: &Message, metadata: WithMetadata) {
     let mut w = Writer::open(std::mem::take(out));
     w.string("role", message.role.as_str());
     if message.content != Content::Null {
@@ -853,7 +895,7 @@ pub fn write_message(out: &mut String, message: &Message) {
     if let ROption::RSome(name) = &message.name {
         w.string("name", name);
     }
-    if let ROption::RSome(meta) = &message.metadata {
+    if let (ROption::RSome(meta), WithMetadata::Yes) = (&message.metadata, metadata) {
         w.key("metadata");
         write_metadata(&mut w.out, meta);
     }
@@ -874,12 +916,24 @@ pub fn message_to_string(message: &Message) -> String {
 
 /// A history as a compact JSON array.
 pub fn history_to_string(history: &[RArc<Message>]) -> String {
+    write_history(history, WithMetadata::Yes)
+}
+
+/// A history as a model provider is sent it (docs/wire-format.md#metadata): a compact
+/// JSON array of the messages without their `metadata` members. Metadata is the host's
+/// own (stamps, policies, the originals of omitted content): a provider has no use for
+/// it, and OpenAI's API refuses a message member it does not know.
+pub fn provider_history_to_string(history: &[RArc<Message>]) -> String {
+    write_history(history, WithMetadata::No)
+}
+
+fn write_history(history: &[RArc<Message>], metadata: WithMetadata) -> String {
     let mut out = String::from("[");
     for (i, message) in history.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        write_message(&mut out, message);
+        write_message_as(&mut out, message, metadata);
     }
     out.push(']');
     out
@@ -1223,6 +1277,31 @@ mod tests {
         assert_eq!(
             check_faithful(&message),
             Err(r#"extra member "a\nb\u{1b}[31m" is given twice"#.to_string())
+        );
+    }
+
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them() {
+        let mut every_ascii: String = (0u8..0x80).map(char::from).collect();
+        every_ascii.push_str("é ∑ 🦀 \u{2028} \u{7f} end\\");
+        for text in [every_ascii.as_str(), "", "plain", "\"", "a\nb\u{0}c\u{1f}"] {
+            let mut ours = String::new();
+            write_string(&mut ours, text);
+            assert_eq!(ours, serde_json::to_string(text).unwrap(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_provider_is_sent_the_messages_without_their_metadata() {
+        let json = r#"[{"role":"user","content":"a","metadata":{"id":"m1","turn_added":1}},{"role":"tool","tool_call_id":"c","content":"[Omitted]","metadata":{"omitted":true,"original_content":"long"},"x":1}]"#;
+        let history = history_from_str(json).unwrap();
+        assert_eq!(
+            provider_history_to_string(&history),
+            r#"[{"role":"user","content":"a"},{"role":"tool","content":"[Omitted]","tool_call_id":"c","x":1}]"#
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&history_to_string(&history)).unwrap(),
+            serde_json::from_str::<Value>(json).unwrap()
         );
     }
 

@@ -12,7 +12,6 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use history_engine::{stateless_context, turns, Call, ChainRun};
-use history_sessions::service::history_json;
 use history_sessions::{ErrorKind, SessionError};
 use http_body_util::{BodyExt, Full};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -21,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::routes::App;
-use crate::upstream::{strip_stamps, unreachable, Upstream};
+use crate::upstream::{unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.
 const SESSION_HEADER: &str = "x-history-session";
@@ -158,14 +157,9 @@ pub async fn chat_completions(
         }
         None => stateless_run(&app, messages, model).await?,
     };
-    // The sent history written once, straight to JSON text (no Value in between).
-    let sent = if session.is_some() {
-        let mut sent = history_json(&run.history);
-        strip_stamps(&mut sent);
-        sent.to_string()
-    } else {
-        plugin_api::wire::history_to_string(&run.history)
-    };
+    // The sent history written once, straight to JSON text (no Value in between), as a
+    // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
+    let sent = plugin_api::wire::provider_history_to_string(&run.history);
     let body = forwarded_body(&body, &sent);
     drop(bytes);
 

@@ -123,20 +123,13 @@ fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
         .with_no_client_auth())
 }
 
-/// The host's stamps (`metadata.id`, `timestamp`, `turn_added`) off the messages sent
-/// upstream: a provider may refuse members it does not know.
-pub(crate) fn strip_stamps(sent: &mut Value) {
+/// The host's `metadata` off the messages sent upstream, as the proxy sends them
+/// (`plugin_api::wire::provider_history_to_string`): a provider refuses members it does
+/// not know.
+fn strip_metadata(sent: &mut Value) {
     for message in sent.as_array_mut().into_iter().flatten() {
-        let Some(object) = message.as_object_mut() else {
-            continue;
-        };
-        if let Some(Value::Object(meta)) = object.get_mut("metadata") {
-            for stamp in ["id", "timestamp", "turn_added"] {
-                meta.remove(stamp);
-            }
-            if meta.is_empty() {
-                object.remove("metadata");
-            }
+        if let Some(object) = message.as_object_mut() {
+            object.remove("metadata");
         }
     }
 }
@@ -209,7 +202,7 @@ impl ModelClient {
         self.upstream.url()
     }
 
-    /// Sends `messages` (a JSON array; the host's stamps are taken off) to
+    /// Sends `messages` (a JSON array; the host's metadata is taken off) to
     /// `/chat/completions` on `model`, streamed; calls `on_text` with each piece of the
     /// answer as it arrives and returns the whole answer. An upstream that does not stream
     /// is read as a plain answer. An error is one line.
@@ -219,7 +212,7 @@ impl ModelClient {
         mut messages: Value,
         mut on_text: impl FnMut(&str),
     ) -> Result<String, String> {
-        strip_stamps(&mut messages);
+        strip_metadata(&mut messages);
         let body = json!({"model": model, "messages": messages, "stream": true}).to_string();
         let uri = format!("{}/chat/completions", self.upstream.base);
         let mut request = Request::builder()

@@ -12,7 +12,7 @@ use e2e_tests::server::{agent, shipped_config, Answer, Server};
 use e2e_tests::upstream::{Behaviour, TlsIdentity, Upstream};
 use e2e_tests::{json, real_data_dir, target_dir, workspace_root, TestConfig};
 use history_engine::{load_chain, stateless_context, turns, Call};
-use plugin_api::wire::{history_from_str, history_to_string};
+use plugin_api::wire::{history_from_str, history_to_string, provider_history_to_string};
 use serde_json::{json as j, Value};
 
 /// The virtualenv's interpreter, with the `openai` client installed.
@@ -163,7 +163,11 @@ fn the_openai_client_gets_the_upstreams_answer_and_the_upstream_the_sent_history
     let turn = turns::current_turn(&history, None);
     let ctx = stateless_context(&engine_config, engine_config.model("gpt-4o"), turn);
     let run = chain.run(history, &ctx, Call::Process).unwrap();
-    let expected = json(&history_to_string(&run.history));
+    let expected = json(&provider_history_to_string(&run.history));
+    assert!(
+        history_to_string(&run.history).contains("\"original_content\""),
+        "the chain kept originals of what it omitted, for the host only"
+    );
     assert!(
         run.history.len() < messages.len(),
         "the window trims the conversation"
@@ -182,6 +186,14 @@ fn the_openai_client_gets_the_upstreams_answer_and_the_upstream_the_sent_history
     assert_eq!(
         body["messages"], expected,
         "the upstream got the chain's sent history"
+    );
+    assert!(
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.get("metadata").is_none()),
+        "no message goes upstream with the host's metadata"
     );
     let mut others = body.as_object().unwrap().clone();
     others.remove("messages");
@@ -485,15 +497,8 @@ fn with_a_session_header_a_request_is_a_turn_and_the_transcript_holds_each_messa
         let received = upstream.requests().last().unwrap().json();
         let mut expected = sent.as_array().unwrap().clone();
         for message in &mut expected {
-            let object = message.as_object_mut().unwrap();
-            if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-                for stamp in ["id", "timestamp", "turn_added"] {
-                    meta.remove(stamp);
-                }
-                if meta.is_empty() {
-                    object.remove("metadata");
-                }
-            }
+            // Without the host's metadata: stamps, policies, omitted originals.
+            message.as_object_mut().unwrap().remove("metadata");
         }
         assert_eq!(received["messages"], Value::Array(expected), "turn {}", turn + 1);
         assert!(received.get("metadata").is_none());
