@@ -696,14 +696,23 @@ impl Writer {
 
 /// Appends `value` as a JSON string, escaped byte for byte as serde_json escapes it (`"`,
 /// `\\`, the short escapes `\b \f \n \r \t`, other control characters as `\u00xx`;
-/// nothing else), straight into `out`: the unescaped runs are copied whole.
+/// nothing else), straight into `out`: the unescaped runs are copied whole, and found
+/// eight bytes at a time.
 fn write_string(out: &mut String, value: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(value.len() + 2);
     out.push('"');
     let bytes = value.as_bytes();
     let mut run = 0;
-    for (i, &byte) in bytes.iter().enumerate() {
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some(word) = bytes.get(i..i + 8) {
+            if !any_escaped(u64::from_le_bytes(word.try_into().unwrap_or_default())) {
+                i += 8;
+                continue;
+            }
+        }
+        let byte = bytes[i];
         let short = match byte {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -713,7 +722,10 @@ fn write_string(out: &mut String, value: &str) {
             b'\r' => "\\r",
             b'\t' => "\\t",
             0x00..=0x1F => "",
-            _ => continue,
+            _ => {
+                i += 1;
+                continue;
+            }
         };
         // Escaped bytes are ASCII, so `run..i` lies on character boundaries.
         out.push_str(&value[run..i]);
@@ -724,10 +736,22 @@ fn write_string(out: &mut String, value: &str) {
         } else {
             out.push_str(short);
         }
-        run = i + 1;
+        i += 1;
+        run = i;
     }
     out.push_str(&value[run..]);
     out.push('"');
+}
+
+/// Whether any of the eight bytes of `word` is one [`write_string`] escapes: below 0x20,
+/// `"` or `\\`. (The zero-byte test: a borrow can mark a byte above a true match, never
+/// a word without one.)
+fn any_escaped(word: u64) -> bool {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
+    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
+    control | zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\'))) != 0
 }
 
 fn write_content(out: &mut String, content: &Content) {
@@ -1284,7 +1308,25 @@ mod tests {
     fn strings_are_escaped_as_serde_json_escapes_them() {
         let mut every_ascii: String = (0u8..0x80).map(char::from).collect();
         every_ascii.push_str("é ∑ 🦀 \u{2028} \u{7f} end\\");
-        for text in [every_ascii.as_str(), "", "plain", "\"", "a\nb\u{0}c\u{1f}"] {
+        // Each escaped byte at each offset of an eight-byte word, among bytes that are not.
+        let mut shifted = Vec::new();
+        for escaped in ['"', '\\', '\n', '\u{0}', '\u{1f}', '\u{8}'] {
+            for offset in 0..17 {
+                let mut text: Vec<char> = "aé~ \u{7f}z!0123456789".chars().cycle().take(20).collect();
+                text.insert(offset, escaped);
+                shifted.push(text.into_iter().collect::<String>());
+            }
+        }
+        let fixed = [
+            every_ascii.as_str(),
+            "",
+            "plain",
+            "\"",
+            "a\nb\u{0}c\u{1f}",
+            "exactly8",
+            "sixteen bytes!!!",
+        ];
+        for text in fixed.into_iter().chain(shifted.iter().map(String::as_str)) {
             let mut ours = String::new();
             write_string(&mut ours, text);
             assert_eq!(ours, serde_json::to_string(text).unwrap(), "{text:?}");

@@ -7,6 +7,7 @@
 
 mod auth;
 mod proxy;
+mod resent;
 mod routes;
 mod upstream;
 
@@ -128,6 +129,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             service: service.clone(),
             token: token.map(Arc::from),
             upstream,
+            resent: Arc::default(),
         },
         config.max_body_mb,
     );

@@ -113,14 +113,17 @@ pub async fn chat_completions(
             format!("cannot read the body: {}", rejection.body_text()),
         )
     })?;
-    // Parsed once: the members stay raw JSON text, only `model` and `messages` are read.
+    // Parsed once: the members stay raw JSON text, `messages` is split into its messages'
+    // texts in the same pass, and only `model` is read further.
     let body = match serde_json::from_slice::<RequestBody<'_>>(&bytes) {
-        Ok(RequestBody::Object(members)) => members,
+        Ok(RequestBody::Object(body)) => body,
         Ok(RequestBody::Other) => return Err(OpenAiError::invalid("the body must be a JSON object")),
         Err(e) => return Err(OpenAiError::invalid(format!("the body is not valid JSON: {e}"))),
     };
-    let member = |name: &str| body.iter().find(|(key, _)| key == name).map(|(_, raw)| *raw);
-    let model = match member("model").map(|raw| serde_json::from_str::<Value>(raw.get())) {
+    let model = match body
+        .member("model")
+        .map(|raw| serde_json::from_str::<Value>(raw.get()))
+    {
         None | Some(Ok(Value::Null)) => None,
         Some(Ok(Value::String(model))) => Some(model),
         Some(Ok(other)) => {
@@ -131,13 +134,12 @@ pub async fn chat_completions(
         }
         Some(Err(e)) => return Err(OpenAiError::invalid(format!("model: {e}"))),
     };
-    let messages = match member("messages").map(|raw| serde_json::from_str::<Value>(raw.get())) {
-        Some(Ok(Value::Array(messages))) if !messages.is_empty() => messages,
-        Some(Ok(Value::Array(_))) => {
+    let messages = match &body.messages {
+        Some(Messages::Array(messages)) if !messages.is_empty() => messages,
+        Some(Messages::Array(_)) => {
             return Err(OpenAiError::invalid("messages: at least one message is needed"))
         }
-        Some(Ok(_)) => return Err(OpenAiError::invalid("messages: expected an array of messages")),
-        Some(Err(e)) => return Err(OpenAiError::invalid(format!("messages: {e}"))),
+        Some(Messages::Other) => return Err(OpenAiError::invalid("messages: expected an array of messages")),
         None => return Err(OpenAiError::invalid("missing \"messages\"")),
     };
     let session = match headers.get(SESSION_HEADER) {
@@ -152,15 +154,32 @@ pub async fn chat_completions(
 
     let run = match &session {
         Some(id) => {
+            let messages = messages
+                .iter()
+                .map(|text| serde_json::from_str::<Value>(text.get()))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
             let outcome = app.service.turn_resent(id, messages, model).await?;
             outcome.run
         }
-        None => stateless_run(&app, messages, model).await?,
+        None => {
+            // Parsed here, on the async thread, as the body was: a resent message is found,
+            // not parsed (crate::resent); only the chain goes to a blocking thread.
+            let mut turn = 0;
+            let history = app
+                .resent
+                .parse(messages, |history| {
+                    turn = turns::current_turn(history, None);
+                    turns::prepare(history, turn);
+                })
+                .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
+            stateless_run(&app, history, turn, model).await?
+        }
     };
     // The sent history written once, straight to JSON text (no Value in between), as a
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = plugin_api::wire::provider_history_to_string(&run.history);
-    let body = forwarded_body(&body, &sent);
+    let body = forwarded_body(&body.members, &sent);
     drop(bytes);
 
     let mut response = forward(upstream, Method::POST, "/chat/completions", &headers, body).await?;
@@ -174,18 +193,65 @@ pub async fn chat_completions(
     Ok(response)
 }
 
+/// The visitor methods of every JSON value but an object or array, each answering `$other`.
+macro_rules! other_values {
+    ($other:expr) => {
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+    };
+}
+
 /// A request body: an object's members in their order, each value as its raw JSON text
 /// (borrowed from the body), or any other JSON value. Read once, without building a
-/// `Value` of the whole body: every member but `messages` is forwarded as these bytes.
+/// `Value` of the whole body: every member but `messages` is forwarded as these bytes, and
+/// `messages` is split into its elements' texts in the same pass.
 enum RequestBody<'a> {
-    Object(Vec<(String, &'a RawValue)>),
+    Object(Members<'a>),
+    Other,
+}
+
+struct Members<'a> {
+    /// Every member in its place; `None` stands for `messages`, whose value is in
+    /// [`Members::messages`].
+    members: Vec<(String, Option<&'a RawValue>)>,
+    messages: Option<Messages<'a>>,
+}
+
+impl<'a> Members<'a> {
+    fn member(&self, name: &str) -> Option<&'a RawValue> {
+        self.members
+            .iter()
+            .find(|(key, _)| key == name)
+            .and_then(|(_, raw)| *raw)
+    }
+}
+
+/// The value of `messages`: each element's JSON text, or a value of another kind.
+enum Messages<'a> {
+    Array(Vec<&'a RawValue>),
     Other,
 }
 
 impl<'de> Deserialize<'de> for RequestBody<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct Members;
-        impl<'de> Visitor<'de> for Members {
+        struct Body;
+        impl<'de> Visitor<'de> for Body {
             type Value = RequestBody<'de>;
 
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -193,9 +259,15 @@ impl<'de> Deserialize<'de> for RequestBody<'de> {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut members: Vec<(String, &'de RawValue)> = Vec::new();
+                let mut members: Vec<(String, Option<&'de RawValue>)> = Vec::new();
+                let mut messages = None;
                 while let Some(key) = map.next_key::<String>()? {
-                    let value: &'de RawValue = map.next_value()?;
+                    let value = if key == "messages" {
+                        messages = Some(map.next_value::<Messages<'de>>()?);
+                        None
+                    } else {
+                        Some(map.next_value::<&'de RawValue>()?)
+                    };
                     // A repeated key: the last value in the first one's place, as a
                     // `serde_json::Map` (preserve_order) reads it.
                     match members.iter_mut().find(|(k, _)| *k == key) {
@@ -203,7 +275,7 @@ impl<'de> Deserialize<'de> for RequestBody<'de> {
                         None => members.push((key, value)),
                     }
                 }
-                Ok(RequestBody::Object(members))
+                Ok(RequestBody::Object(Members { members, messages }))
             }
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
@@ -211,40 +283,47 @@ impl<'de> Deserialize<'de> for RequestBody<'de> {
                 Ok(RequestBody::Other)
             }
 
-            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-                Ok(RequestBody::Other)
-            }
-
-            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-                Ok(RequestBody::Other)
-            }
-
-            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-                Ok(RequestBody::Other)
-            }
-
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-                Ok(RequestBody::Other)
-            }
-
-            fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
-                Ok(RequestBody::Other)
-            }
-
-            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-                Ok(RequestBody::Other)
-            }
+            other_values!(RequestBody::Other);
         }
-        deserializer.deserialize_any(Members)
+        deserializer.deserialize_any(Body)
+    }
+}
+
+impl<'de> Deserialize<'de> for Messages<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Elements;
+        impl<'de> Visitor<'de> for Elements {
+            type Value = Messages<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut elements = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(element) = seq.next_element::<&'de RawValue>()? {
+                    elements.push(element);
+                }
+                Ok(Messages::Array(elements))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Messages::Other)
+            }
+
+            other_values!(Messages::Other);
+        }
+        deserializer.deserialize_any(Elements)
     }
 }
 
 /// The body sent upstream: the request's members in their order and as their bytes came,
 /// with `sent` (the sent history's JSON text) as the value of `messages`.
-fn forwarded_body(members: &[(String, &RawValue)], sent: &str) -> Bytes {
+fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes {
     let size = members
         .iter()
-        .map(|(key, raw)| key.len() + raw.get().len() + 4)
+        .map(|(key, raw)| key.len() + raw.map_or(0, |raw| raw.get().len()) + 4)
         .sum::<usize>();
     let mut out = Vec::with_capacity(size + sent.len());
     out.push(b'{');
@@ -254,9 +333,9 @@ fn forwarded_body(members: &[(String, &RawValue)], sent: &str) -> Bytes {
         }
         serde_json::to_writer(&mut out, key).expect("writing to a Vec cannot fail");
         out.push(b':');
-        match key.as_str() {
-            "messages" => out.extend_from_slice(sent.as_bytes()),
-            _ => out.extend_from_slice(raw.get().as_bytes()),
+        match raw {
+            None => out.extend_from_slice(sent.as_bytes()),
+            Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
         }
     }
     out.push(b'}');
@@ -269,16 +348,19 @@ pub async fn models(State(app): State<App>, headers: HeaderMap) -> Result<Respon
     forward(upstream, Method::GET, "/models", &headers, Bytes::new()).await
 }
 
-/// The chain on a stateless request, on a blocking thread.
-async fn stateless_run(app: &App, messages: Vec<Value>, model: Option<String>) -> Result<ChainRun> {
+/// The chain on a stateless request (its messages parsed and prepared for `turn`), on a
+/// blocking thread.
+async fn stateless_run(
+    app: &App,
+    history: Vec<plugin_api::RArc<plugin_api::Message>>,
+    turn: u64,
+    model: Option<String>,
+) -> Result<ChainRun> {
     let service = app.service.clone();
     let result = tokio::task::spawn_blocking(move || -> Result<ChainRun> {
-        let history = plugin_api::wire::parse_history(&Value::Array(messages))
-            .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
         let config = service.config();
         let chain = service.chain();
         let model = config.model(model.as_deref().unwrap_or("default"));
-        let turn = turns::current_turn(&history, None);
         let ctx = stateless_context(&config, model, turn);
         match chain.run(history, &ctx, Call::Process) {
             Ok(run) => {
@@ -458,9 +540,9 @@ async fn forward(
 mod tests {
     use super::*;
 
-    fn members(body: &str) -> Vec<(String, &RawValue)> {
+    fn members(body: &str) -> Vec<(String, Option<&RawValue>)> {
         match serde_json::from_str::<RequestBody<'_>>(body) {
-            Ok(RequestBody::Object(members)) => members,
+            Ok(RequestBody::Object(body)) => body.members,
             Ok(RequestBody::Other) => panic!("not an object: {body}"),
             Err(e) => panic!("{body}: {e}"),
         }

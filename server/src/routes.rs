@@ -24,6 +24,8 @@ pub struct App {
     pub token: Option<Arc<str>>,
     /// The proxy's upstream (docs/proxy.md), when one is configured.
     pub upstream: Option<Arc<crate::upstream::Upstream>>,
+    /// The messages stateless proxy calls resent, parsed once (docs/proxy.md#resent-messages).
+    pub resent: Arc<crate::resent::ResentMessages>,
 }
 
 /// The largest transcript page.

@@ -1,0 +1,217 @@
+//! The proxy's memory of the messages clients resend (docs/proxy.md#resent-messages).
+//! An OpenAI client sends the whole conversation on every call, each message as the same
+//! JSON text as last time; parsing it again is most of what a stateless call would cost.
+//! So each message's text is remembered with the message parsed from it, and a message
+//! whose text was seen before is that same parsed message again: not parsed, not copied,
+//! and its token counts (kept on the message) not looked up again.
+//!
+//! Exact: a message is found by its text's hash and then compared byte for byte, so two
+//! texts never share a parse. Bounded: [`MAX_ENTRIES`] messages and [`MAX_BYTES`] in all,
+//! split into shards by hash so calls on several threads rarely wait for each other; a
+//! full shard starts over, which costs at most one more parse of what is still resent.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::Mutex;
+
+use plugin_api::wire::{parse_message, ShapeError};
+use plugin_api::{Message, RArc};
+use rustc_hash::FxHasher;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// Messages remembered in all.
+pub(crate) const MAX_ENTRIES: usize = 65_536;
+/// Bytes remembered in all: each message's text, counted twice for the parsed copy.
+pub(crate) const MAX_BYTES: usize = 64 << 20;
+const SHARDS: usize = 16;
+
+/// A message text's length and hash.
+type Key = (usize, u64);
+
+#[derive(Default)]
+struct Shard {
+    /// A text's key → the text and its message.
+    entries: HashMap<Key, (Box<str>, RArc<Message>), BuildHasherDefault<FxHasher>>,
+    bytes: usize,
+}
+
+pub(crate) struct ResentMessages {
+    shards: Vec<Mutex<Shard>>,
+}
+
+impl Default for ResentMessages {
+    fn default() -> Self {
+        ResentMessages {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+/// What one message text costs the memory.
+fn cost(text: &str) -> usize {
+    2 * text.len() + std::mem::size_of::<Message>()
+}
+
+impl ResentMessages {
+    /// The history of `texts` (a request's `messages`, each element's JSON text): each
+    /// message remembered when its text was seen before, parsed otherwise. `prepare`
+    /// runs on the whole history before the newly parsed messages are remembered, while
+    /// nothing else holds them, so what it sets on them (identities, turns:
+    /// `history_engine::turns::prepare`) is set in place and kept. Errors name the
+    /// message's index.
+    pub(crate) fn parse(
+        &self,
+        texts: &[&RawValue],
+        prepare: impl FnOnce(&mut [RArc<Message>]),
+    ) -> Result<Vec<RArc<Message>>, ShapeError> {
+        let keys: Vec<Key> = texts.iter().map(|text| key(text.get())).collect();
+        let mut history = Vec::with_capacity(texts.len());
+        let mut parsed = Vec::new();
+        for (index, (text, key)) in texts.iter().zip(&keys).enumerate() {
+            if let Some(message) = self.find(text.get(), *key) {
+                history.push(message);
+                continue;
+            }
+            let value: Value =
+                serde_json::from_str(text.get()).map_err(|e| ShapeError(format!("message {index}: {e}")))?;
+            let message =
+                parse_message(&value).map_err(|e| ShapeError(format!("message {index}: {}", e.0)))?;
+            history.push(RArc::new(message));
+            parsed.push(index);
+        }
+        prepare(&mut history);
+        for index in parsed {
+            self.remember(texts[index].get(), keys[index], &history[index]);
+        }
+        Ok(history)
+    }
+
+    fn shard(&self, key: Key) -> std::sync::MutexGuard<'_, Shard> {
+        // The high bits: FxHash's low bits are the weakest.
+        self.shards[(key.1 >> 60) as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn find(&self, text: &str, key: Key) -> Option<RArc<Message>> {
+        match self.shard(key).entries.get(&key) {
+            Some((seen, message)) if **seen == *text => Some(message.clone()),
+            _ => None,
+        }
+    }
+
+    fn remember(&self, text: &str, key: Key, message: &RArc<Message>) {
+        let cost = cost(text);
+        if cost > MAX_BYTES / SHARDS {
+            return;
+        }
+        let mut shard = self.shard(key);
+        if shard.entries.len() >= MAX_ENTRIES / SHARDS || shard.bytes + cost > MAX_BYTES / SHARDS {
+            shard.entries.clear();
+            shard.bytes = 0;
+        }
+        if let Some((old, _)) = shard.entries.insert(key, (text.into(), message.clone())) {
+            shard.bytes -= self::cost(&old);
+        }
+        shard.bytes += cost;
+    }
+
+    /// Messages remembered now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
+            .sum()
+    }
+}
+
+fn key(text: &str) -> Key {
+    (
+        text.len(),
+        BuildHasherDefault::<FxHasher>::default().hash_one(text),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn same(a: &RArc<Message>, b: &RArc<Message>) -> bool {
+        std::ptr::eq::<Message>(&**a, &**b)
+    }
+
+    fn texts(json: &str) -> Vec<&RawValue> {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_resent_message_is_the_same_parsed_message_and_a_new_one_is_parsed() {
+        let memory = ResentMessages::default();
+        let first = r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]"#;
+        let one = memory.parse(&texts(first), |_| {}).unwrap();
+        let second = r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#;
+        let two = memory.parse(&texts(second), |_| {}).unwrap();
+        assert!(same(&one[0], &two[0]) && same(&one[1], &two[1]));
+        assert_eq!(two[2].content.text(), "c");
+        assert_eq!(memory.len(), 3);
+        // The same value spelled otherwise is another text: parsed, equal, not shared.
+        let spaced = r#"[{"role": "user", "content": "a"}]"#;
+        let three = memory.parse(&texts(spaced), |_| {}).unwrap();
+        assert!(!same(&one[0], &three[0]));
+        assert_eq!(one[0].content, three[0].content);
+    }
+
+    #[test]
+    fn what_prepare_sets_on_a_new_message_is_remembered_with_it() {
+        let memory = ResentMessages::default();
+        let json = r#"[{"role":"user","content":"a"}]"#;
+        let one = memory
+            .parse(&texts(json), |history| RArc::make_mut(&mut history[0]).turn = 7)
+            .unwrap();
+        let two = memory.parse(&texts(json), |_| {}).unwrap();
+        assert!(same(&one[0], &two[0]));
+        assert_eq!(two[0].turn, 7);
+    }
+
+    #[test]
+    fn a_text_with_the_same_key_but_other_bytes_is_never_taken_for_it() {
+        let memory = ResentMessages::default();
+        let json = r#"[{"role":"user","content":"a"}]"#;
+        let one = memory.parse(&texts(json), |_| {}).unwrap();
+        // Forge a collision: another text stored under this text's key.
+        let other = r#"{"role":"user","content":"b"}"#;
+        let k = key(r#"{"role":"user","content":"a"}"#);
+        memory.shard(k).entries.insert(k, (other.into(), one[0].clone()));
+        let two = memory.parse(&texts(json), |_| {}).unwrap();
+        assert!(
+            !same(&one[0], &two[0]),
+            "compared byte for byte, not trusted by key"
+        );
+        assert_eq!(two[0].content.text(), "a");
+    }
+
+    #[test]
+    fn bad_messages_are_errors_naming_their_index_and_nothing_is_remembered() {
+        let memory = ResentMessages::default();
+        let json = r#"[{"role":"user","content":"a"},{"role":"robot","content":"b"}]"#;
+        let e = memory.parse(&texts(json), |_| {}).unwrap_err();
+        assert!(e.0.starts_with("message 1: "), "{}", e.0);
+        assert_eq!(memory.len(), 0);
+    }
+
+    #[test]
+    fn the_memory_is_bounded_by_entries() {
+        let memory = ResentMessages::default();
+        for round in 0..(MAX_ENTRIES / 100 + 50) {
+            let batch: Vec<String> = (0..100)
+                .map(|i| format!(r#"{{"role":"user","content":"{round} {i}"}}"#))
+                .collect();
+            let json = format!("[{}]", batch.join(","));
+            memory.parse(&texts(&json), |_| {}).unwrap();
+            assert!(memory.len() <= MAX_ENTRIES);
+        }
+        assert!(memory.len() > 0);
+    }
+}
