@@ -316,11 +316,9 @@ impl Chain {
         call: Call<'_>,
         previous: Option<&[RArc<Message>]>,
     ) -> Result<ChainRun, PluginFailure> {
-        // Serialized once: every stage compares against the same bytes.
-        let previous: Option<Vec<String>> =
-            previous.map(|p| p.iter().map(|m| plugin_api::wire::message_to_string(m)).collect());
+        let previous = previous.map(PreviousSent::new);
         let prefix_kept =
-            |history: &[RArc<Message>]| previous.as_deref().map(|previous| prefix_kept(previous, history));
+            |history: &[RArc<Message>]| previous.as_ref().map(|previous| previous.kept(history));
         turns::prepare(&mut history, ctx.turn);
         let input_faults = Faults::of(&history);
         let input_fault_lines = input_faults.describe(&history);
@@ -730,16 +728,40 @@ impl SharedChain {
     }
 }
 
-/// `prefix_kept` (docs/plugins.md#token_budget): the index of the first message of `history` whose bytes (compact
-/// JSON, [`plugin_api::wire::message_to_string`]) differ from `previous` (the previous
-/// output, already serialized). A message past either end differs; two equal histories
-/// give their length.
-pub(crate) fn prefix_kept(previous: &[String], history: &[RArc<Message>]) -> usize {
-    history
-        .iter()
-        .zip(previous)
-        .take_while(|(message, bytes)| plugin_api::wire::message_to_string(message) == **bytes)
-        .count()
+/// The previous turn's sent history, which `prefix_kept` (docs/plugins.md#token_budget)
+/// is measured against: the index of the first message of a history whose bytes (compact
+/// JSON, [`plugin_api::wire::message_to_string`]) differ from the previous one's. A
+/// message past either end differs; two equal histories give their length.
+///
+/// A message that is the previous one itself (shared from turn to turn, as most are) has
+/// its bytes without writing them: what is not on the wire (its turn, its identity) is
+/// all a shared message could differ in, and it cannot. Only the others are written and
+/// compared, each previous message at most once for all the stages.
+pub(crate) struct PreviousSent<'a> {
+    messages: &'a [RArc<Message>],
+    bytes: Vec<std::cell::OnceCell<String>>,
+}
+
+impl<'a> PreviousSent<'a> {
+    pub(crate) fn new(messages: &'a [RArc<Message>]) -> PreviousSent<'a> {
+        PreviousSent {
+            messages,
+            bytes: messages.iter().map(|_| std::cell::OnceCell::new()).collect(),
+        }
+    }
+
+    pub(crate) fn kept(&self, history: &[RArc<Message>]) -> usize {
+        history
+            .iter()
+            .zip(self.messages)
+            .zip(&self.bytes)
+            .take_while(|((message, previous), bytes)| {
+                std::ptr::eq::<Message>(&***message, &***previous)
+                    || *bytes.get_or_init(|| plugin_api::wire::message_to_string(previous))
+                        == plugin_api::wire::message_to_string(message)
+            })
+            .count()
+    }
 }
 
 #[cfg(test)]
@@ -755,24 +777,32 @@ mod tests {
 
     #[test]
     fn prefix_kept_is_the_first_index_whose_bytes_differ() {
-        let history = plugin_api::wire::history_from_str(
+        let parse = |json: &str| plugin_api::wire::history_from_str(json).unwrap();
+        let history = parse(
             r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
-        )
-        .unwrap();
-        let bytes: Vec<String> = history
-            .iter()
-            .map(|m| plugin_api::wire::message_to_string(m))
-            .collect();
-        assert_eq!(prefix_kept(&bytes, &history), 3);
+        );
+        // The same messages, and equal ones parsed apart: shared or not, the bytes count.
+        let parsed_apart = parse(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
+        );
+        for previous in [&history, &parsed_apart] {
+            let previous = PreviousSent::new(previous);
+            assert_eq!(previous.kept(&history), 3);
+            assert_eq!(previous.kept(&history[..1]), 1, "the output is shorter");
+        }
         assert_eq!(
-            prefix_kept(&bytes[..2], &history),
+            PreviousSent::new(&history[..2]).kept(&history),
             2,
             "new messages after the previous ones"
         );
-        assert_eq!(prefix_kept(&bytes, &history[..1]), 1, "the output is shorter");
-        let mut changed = bytes.clone();
-        changed[1] = r#"{"role":"assistant","content":"B"}"#.to_string();
-        assert_eq!(prefix_kept(&changed, &history), 1);
-        assert_eq!(prefix_kept(&[], &history), 0);
+        let changed = parse(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"B"},{"role":"user","content":"c"}]"#,
+        );
+        assert_eq!(PreviousSent::new(&changed).kept(&history), 1);
+        assert_eq!(PreviousSent::new(&[]).kept(&history), 0);
+        // A shared message whose turn (not on the wire) was set apart is still the same bytes.
+        let mut turned = history.clone();
+        plugin_api::RArc::make_mut(&mut turned[1]).turn = 9;
+        assert_eq!(PreviousSent::new(&history).kept(&turned), 3);
     }
 }

@@ -51,6 +51,7 @@ pub mod summarizer;
 pub mod summary;
 pub mod tokens;
 pub mod turns;
+pub mod written;
 
 pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, SharedChain, StageReport};
 pub use config::{Config, ConfigError, OnPluginError};

@@ -1111,8 +1111,8 @@ pub fn turn_json(outcome: &TurnOutcome) -> String {
             "quarantined": stage.quarantined,
         }));
     }
-    // The sent history is most of the answer: written straight as text by the wire
-    // writer, not parsed into a `Value` and serialized again. The members keep the order
+    // The sent history is most of the answer: written straight as text, not parsed into
+    // a `Value` and serialized again. The members keep the order
     // docs/http-api.md shows.
     let head = json!({
         "turn": outcome.turn,
@@ -1126,13 +1126,14 @@ pub fn turn_json(outcome: &TurnOutcome) -> String {
         "prefix_kept": run.prefix_kept,
         "input_faults": run.input_faults,
     });
-    let history = plugin_api::wire::history_to_string(&run.history);
     let (head, tail) = (head.to_string(), tail.to_string());
-    let mut out = String::with_capacity(head.len() + history.len() + tail.len() + 16);
-    // `{"turn":…,"effective_ctx":…` + `,"history":[…]` + `,"working_size":…}`
+    let mut out = String::new();
+    // `{"turn":…,"effective_ctx":…` + `,"history":[…]` + `,"working_size":…}`; each
+    // message the last turn's answer carried too is copied from its text then
+    // (history_engine::written).
     out.push_str(&head[..head.len() - 1]);
     out.push_str(",\"history\":");
-    out.push_str(&history);
+    history_engine::written::write_history(&mut out, &run.history, &run.working);
     out.push(',');
     out.push_str(&tail[1..]);
     out
