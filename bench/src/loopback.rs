@@ -72,7 +72,7 @@ pub fn shipped_stages(plugin_dir: &Path) -> Result<Vec<String>> {
 /// Writes the configuration of a bench `serve` into `dir`, the plugin folder (the shipped
 /// defaults' window, o200k_base, failing on any plugin fault so a fault cannot flatter a
 /// figure); its path.
-pub fn write_config(dir: &Path, stages: &[String], label: &str) -> Result<PathBuf> {
+pub fn write_config(dir: &Path, stages: &[String], label: &str, top_level: &str) -> Result<PathBuf> {
     let list = stages
         .iter()
         .map(|n| format!("{n:?}"))
@@ -82,7 +82,8 @@ pub fn write_config(dir: &Path, stages: &[String], label: &str) -> Result<PathBu
         "# Written by `cargo xtask bench serve|proxy`.\n\
          plugin_dir = \".\"\n\
          max_users = 1000000\n\
-         session_idle_timeout_minutes = 0\n\n\
+         session_idle_timeout_minutes = 0\n\
+         {top_level}\n\
          [history]\n\
          agent_max_ctx = 200\n\
          chain = [{list}]\n\

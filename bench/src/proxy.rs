@@ -63,7 +63,7 @@ pub fn proxy(args: &[String]) -> Result<()> {
     runtime.spawn(serve_standin(standin));
 
     let stages = loopback::shipped_stages(&plugin_dir)?;
-    let config = loopback::write_config(&plugin_dir, &stages, "proxy")?;
+    let config = loopback::write_config(&plugin_dir, &stages, "proxy", "")?;
     let work = plugin_dir.join(format!("proxy-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let store = work.join("sessions.db").display().to_string();

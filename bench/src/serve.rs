@@ -55,6 +55,8 @@ struct Settings {
     /// Hosts serving one PostgreSQL store (the clients alternate between them).
     hosts: usize,
     time_cap: Duration,
+    /// `--session-memory-mb N`: the served configuration's `session_memory_mb`.
+    session_memory_mb: Option<u64>,
 }
 
 pub fn serve(args: &[String]) -> Result<()> {
@@ -71,6 +73,7 @@ pub fn serve(args: &[String]) -> Result<()> {
             "--hosts",
             "--time-cap",
             "--reloads",
+            "--session-memory-mb",
         ],
         &["--json"],
     )?;
@@ -96,6 +99,7 @@ pub fn serve(args: &[String]) -> Result<()> {
         postgres,
         hosts,
         time_cap: Duration::from_secs(flag(args, "--time-cap")?.unwrap_or(300u64)),
+        session_memory_mb: flag(args, "--session-memory-mb")?,
     };
     let reloads: Option<usize> = flag(args, "--reloads")?;
     if reloads == Some(0) || (reloads.is_some() && hosts > 1) {
@@ -305,11 +309,14 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
         .plugin_dir
         .join(format!("serve-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let top_level = settings
+        .session_memory_mb
+        .map_or(String::new(), |mb| format!("session_memory_mb = {mb}"));
     let (config, stages) = match chain {
         Chain::Shipped => {
             let stages = loopback::shipped_stages(&settings.plugin_dir)?;
             (
-                loopback::write_config(&settings.plugin_dir, &stages, "serve")?,
+                loopback::write_config(&settings.plugin_dir, &stages, "serve", &top_level)?,
                 stages,
             )
         }
@@ -323,7 +330,8 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
                     fixture.display()
                 ));
             }
-            let config = loopback::write_config(&settings.floor_dir, &["default".to_string()], "serve")?;
+            let config =
+                loopback::write_config(&settings.floor_dir, &["default".to_string()], "serve", &top_level)?;
             (config, vec!["floor (built as default)".to_string()])
         }
     };

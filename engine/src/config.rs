@@ -23,6 +23,9 @@ pub const DEFAULT_STORE: &str = "sessions.db";
 pub const DEFAULT_MAX_BODY_MB: u64 = 64;
 /// `[history] plugin_timeout_ms` when the file does not say.
 pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 2000;
+/// `session_memory_mb` when omitted: no limit on the live sessions the session service
+/// keeps in memory (docs/sessions.md#memory); `max_users` bounds them.
+pub const DEFAULT_SESSION_MEMORY_MB: u64 = 0;
 /// `token_cache_entries` when omitted: item token counts remembered by content.
 pub const DEFAULT_TOKEN_CACHE_ENTRIES: u64 = 1 << 18;
 /// `[upstream] timeout_s` when omitted.
@@ -117,6 +120,10 @@ pub struct Config {
     pub max_body_mb: u64,
     /// `token_cache_entries`: how many item token counts the process remembers by content.
     pub token_cache_entries: u64,
+    /// `session_memory_mb`: how much of the live sessions the session service keeps in
+    /// memory, in MiB; the least recently used past it are read back from the store when
+    /// used again. 0: every live session stays in memory.
+    pub session_memory_mb: u64,
     /// `[upstream]`: the proxy's upstream, if configured.
     pub upstream: Option<UpstreamConfig>,
     /// `[summarizer]`: the endpoint behind the plugins' `summarize` service, if configured.
@@ -324,6 +331,7 @@ impl Config {
                 "operator_token_file",
                 "max_body_mb",
                 "token_cache_entries",
+                "session_memory_mb",
                 "upstream",
                 "summarizer",
                 "history",
@@ -376,6 +384,9 @@ impl Config {
         let token_cache_entries = reader
             .integer(root, "token_cache_entries", "the top level", 0)?
             .unwrap_or(DEFAULT_TOKEN_CACHE_ENTRIES);
+        let session_memory_mb = reader
+            .integer(root, "session_memory_mb", "the top level", 0)?
+            .unwrap_or(DEFAULT_SESSION_MEMORY_MB);
         let upstream = match reader.table(root, "upstream", "the top level")? {
             None => None,
             Some(table) => {
@@ -583,6 +594,7 @@ impl Config {
             operator_token_file,
             max_body_mb,
             token_cache_entries,
+            session_memory_mb,
             upstream,
             summarizer,
             agent_max_ctx,
@@ -934,6 +946,7 @@ mod tests {
         let config = parse("").unwrap();
         assert_eq!(config.upstream, None);
         assert_eq!(config.token_cache_entries, DEFAULT_TOKEN_CACHE_ENTRIES);
+        assert_eq!(config.session_memory_mb, DEFAULT_SESSION_MEMORY_MB);
         let config =
             parse("token_cache_entries = 0\n[upstream]\nurl = \"http://127.0.0.1:8000/v1/\"\n").unwrap();
         assert_eq!(config.token_cache_entries, 0);

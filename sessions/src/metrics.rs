@@ -101,6 +101,7 @@ pub struct Metrics {
     sessions_live: Gauge,
     reloads: Family<Outcome, Counter>,
     store_seconds: Histogram,
+    sessions_put_out: Counter,
 }
 
 impl Default for Metrics {
@@ -128,6 +129,7 @@ impl Metrics {
             sessions_live: Gauge::default(),
             reloads: Family::default(),
             store_seconds: Histogram::new(STORE_BUCKETS),
+            sessions_put_out: Counter::default(),
         };
         // The fixed label sets exist from the start, so a scrape shows them at 0.
         for outcome in TURN_OUTCOMES {
@@ -180,7 +182,17 @@ impl Metrics {
             "Time of store transactions",
             metrics.store_seconds.clone(),
         );
+        r.register(
+            "history_sessions_put_out",
+            "Sessions put out of memory past session_memory_mb, read back from the store when used",
+            metrics.sessions_put_out.clone(),
+        );
         Metrics { registry, ..metrics }
+    }
+
+    /// `n` sessions were put out of memory (docs/sessions.md#memory).
+    pub fn sessions_put_out(&self, n: u64) {
+        self.sessions_put_out.inc_by(n);
     }
 
     /// A turn ended with `outcome` (`ok`, `bad_input`, `plugin_failed`, `busy`, …) after
@@ -373,6 +385,7 @@ mod tests {
             ("history_sessions_live", "gauge"),
             ("history_reloads_total", "counter"),
             ("history_store_seconds", "histogram"),
+            ("history_sessions_put_out_total", "counter"),
         ] {
             assert!(
                 text.contains(&format!("\n# TYPE {family} {kind}\n")),

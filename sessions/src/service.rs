@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -77,8 +77,12 @@ impl SessionInfo {
 
 struct Slot {
     info: Mutex<SessionInfo>,
-    /// `None` until first used after a start: sessions load lazily.
+    /// `None` until first used after a start (sessions load lazily), and again once put
+    /// out of memory past `session_memory_mb` (docs/sessions.md#memory).
     state: Arc<AsyncMutex<Option<Session>>>,
+    /// What the session in `state` holds in memory (`Session::memory_estimate`), as of
+    /// the end of its last operation; 0 while it is not in memory.
+    resident: AtomicUsize,
     closed: AtomicBool,
 }
 
@@ -615,6 +619,10 @@ impl Service {
             let result = f(session, &env);
             *slot.info.lock().unwrap_or_else(|e| e.into_inner()) =
                 SessionInfo::of(&session.row, session.working().len());
+            slot.resident.store(session.memory_estimate(), Ordering::Relaxed);
+            drop(locked_store);
+            drop(guard);
+            service.keep_within_memory(config.session_memory_mb);
             result
         })
         .await
@@ -624,6 +632,49 @@ impl Service {
                 format!("the session operation failed: {e}"),
             ))
         })
+    }
+
+    /// Past `session_memory_mb` MiB of sessions in memory, puts the least recently
+    /// active ones out of memory until they hold 90% of it, so this is not done again at
+    /// once (docs/sessions.md#memory). A session is only put out between its operations
+    /// (one running keeps it), and what is in memory is what is stored, so the next
+    /// operation reads it back as a restart would. 0: no limit.
+    fn keep_within_memory(&self, memory_mb: u64) {
+        let budget = usize::try_from(memory_mb)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(1 << 20);
+        if budget == 0 {
+            return;
+        }
+        let resident: Vec<(u64, usize, Arc<Slot>)> = self
+            .slots()
+            .values()
+            .filter_map(|slot| {
+                let bytes = slot.resident.load(Ordering::Relaxed);
+                (bytes > 0).then(|| (slot.info().last_active, bytes, slot.clone()))
+            })
+            .collect();
+        let mut total: usize = resident.iter().map(|(_, bytes, _)| bytes).sum();
+        if total <= budget {
+            return;
+        }
+        let mut oldest_first = resident;
+        oldest_first.sort_unstable_by_key(|(last_active, ..)| *last_active);
+        let mut put_out = 0;
+        for (_, _, slot) in oldest_first {
+            if total <= budget / 10 * 9 {
+                break;
+            }
+            let Ok(mut state) = slot.state.try_lock() else {
+                continue;
+            };
+            if state.take().is_some() {
+                total = total.saturating_sub(slot.resident.swap(0, Ordering::Relaxed));
+                put_out += 1;
+            }
+        }
+        self.metrics.sessions_put_out(put_out);
+        tracing::debug!("{put_out} sessions put out of memory past session_memory_mb = {memory_mb}");
     }
 
     /// One turn (docs/sessions.md#a-turn).
@@ -1033,6 +1084,7 @@ impl Service {
 fn new_slot(info: SessionInfo, session: Option<Session>) -> Slot {
     Slot {
         info: Mutex::new(info),
+        resident: AtomicUsize::new(session.as_ref().map_or(0, Session::memory_estimate)),
         state: Arc::new(AsyncMutex::new(session)),
         closed: AtomicBool::new(false),
     }

@@ -188,6 +188,31 @@ impl Session {
         &self.working
     }
 
+    /// About how many bytes of memory this session holds: its working history's messages
+    /// (each message's fields and texts, with the originals kept for expansion), the
+    /// messages only its last sent history holds, and the sent history as stored.
+    /// What `session_memory_mb` counts (docs/sessions.md#memory).
+    pub fn memory_estimate(&self) -> usize {
+        fn bytes(message: &Message) -> usize {
+            let original = message
+                .meta()
+                .and_then(|meta| meta.original_content.as_ref().into_option())
+                .map_or(0, |content| content.items().map(str::len).sum());
+            std::mem::size_of::<Message>() + message.token_items().map(str::len).sum::<usize>() + original
+        }
+        let address = |m: &RArc<Message>| std::ptr::from_ref::<Message>(m) as usize;
+        let working: std::collections::HashSet<usize> = self.working.iter().map(address).collect();
+        let sent_only: usize = self
+            .last_sent
+            .iter()
+            .flatten()
+            .filter(|m| !working.contains(&address(m)))
+            .map(|m| bytes(m))
+            .sum();
+        let working: usize = self.working.iter().map(|m| bytes(m)).sum();
+        working + sent_only + self.sent.as_ref().map_or(0, String::len)
+    }
+
     /// The last sent history (none before the first turn and after `/clear`).
     pub fn last_sent(&self) -> Option<&[RArc<Message>]> {
         self.last_sent.as_deref()

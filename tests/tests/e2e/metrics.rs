@@ -30,7 +30,7 @@ fn value(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// The families docs/http-api.md#metrics lists, by type.
-const FAMILIES: [(&str, &str); 12] = [
+const FAMILIES: [(&str, &str); 13] = [
     ("history_turns_total", "counter"),
     ("history_turn_seconds", "histogram"),
     ("history_plugin_seconds", "histogram"),
@@ -43,6 +43,7 @@ const FAMILIES: [(&str, &str); 12] = [
     ("history_sessions_live", "gauge"),
     ("history_reloads_total", "counter"),
     ("history_store_seconds", "histogram"),
+    ("history_sessions_put_out_total", "counter"),
 ];
 
 /// The type the parser read for `metric`'s samples (`None`: no sample yet).

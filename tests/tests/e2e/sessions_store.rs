@@ -276,3 +276,121 @@ fn the_last_sent_history_survives_a_restart(kind: Kind) {
 }
 
 e2e_tests::store_tests!(the_last_sent_history_survives_a_restart,);
+
+/// Past `session_memory_mb` the least recently active sessions are put out of memory and
+/// read back from the store when used again (docs/sessions.md#memory): nothing a client
+/// sees changes. The same interleaved turns go to a host with 1 MiB for sessions and to
+/// one without a limit; every answer, working and sent history and transcript is the
+/// same on both (the host's stamps aside), and only the first put sessions out.
+fn sessions_put_out_of_memory_are_read_back_unchanged(kind: Kind) {
+    let limited = shipped_config("session_memory_mb = 1\n", &[]);
+    let unlimited = shipped_config("session_memory_mb = 0\n", &[]);
+    let (limited_store, unlimited_store) = (TestStore::new(kind, &limited), TestStore::new(kind, &unlimited));
+    let hosts = [
+        Server::start(&limited.path, limited_store.path(), &[]),
+        Server::start(&unlimited.path, unlimited_store.path(), &[]),
+    ];
+    const SESSIONS: usize = 8;
+    let ids: Vec<[String; 2]> = (0..SESSIONS)
+        .map(|_| [hosts[0].create("gpt-4o"), hosts[1].create("gpt-4o")])
+        .collect();
+    // About 1.5 MiB of tool results in all, kept whole in the working histories (the
+    // placeholders keep their originals for expansion).
+    let turn_body = |session: usize, n: usize| {
+        let call = format!("c{session}-{n}");
+        let result: String = (0..400)
+            .map(|line| format!("s{session} t{n} line {line}: {}\n", "x".repeat(40)))
+            .collect();
+        j!({ "messages": [
+            {"role": "user", "content": format!("session {session}, step {n}")},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": call, "type": "function",
+                "function": {"name": "read_file", "arguments": format!("{{\"path\": \"f{n}.rs\"}}")}}]},
+            {"role": "tool", "tool_call_id": call, "content": result},
+            {"role": "assistant", "content": format!("read f{n}.rs")},
+        ]})
+    };
+    for n in 1..=8 {
+        for (session, pair) in ids.iter().enumerate() {
+            let answers: Vec<Value> = hosts
+                .iter()
+                .zip(pair)
+                .map(|(host, id)| {
+                    let answer = host.post(&format!("/v1/sessions/{id}/turns"), &turn_body(session, n));
+                    assert_eq!(answer.status, 200, "session {session} turn {n}: {answer:?}");
+                    answer.body
+                })
+                .collect();
+            for member in ["turn", "working_size", "prefix_kept"] {
+                assert_eq!(
+                    answers[0][member], answers[1][member],
+                    "session {session} turn {n}: {member}"
+                );
+            }
+            assert_eq!(
+                unstamped(&answers[0]["history"]),
+                unstamped(&answers[1]["history"]),
+                "session {session} turn {n}: the sent history"
+            );
+            let prefixes = |answer: &Value| -> Vec<Value> {
+                answer["stats"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["prefix_kept"].clone())
+                    .collect()
+            };
+            assert_eq!(
+                prefixes(&answers[0]),
+                prefixes(&answers[1]),
+                "session {session} turn {n}"
+            );
+        }
+    }
+    for (session, [a, b]) in ids.iter().enumerate() {
+        for sent in [false, true] {
+            assert_eq!(
+                unstamped(&hosts[0].history(a, sent)),
+                unstamped(&hosts[1].history(b, sent)),
+                "session {session}, sent {sent}"
+            );
+        }
+        assert_eq!(
+            unstamped(&Value::Array(hosts[0].transcript(a))),
+            unstamped(&Value::Array(hosts[1].transcript(b))),
+            "session {session}: transcript"
+        );
+    }
+    let put_out = |host: &Server| -> u64 {
+        let text = host.get("/metrics").body;
+        text.as_str()
+            .unwrap()
+            .lines()
+            .find_map(|line| line.strip_prefix("history_sessions_put_out_total "))
+            .expect("history_sessions_put_out_total in /metrics")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        put_out(&hosts[0]) > 0,
+        "the 1 MiB host put sessions out of memory"
+    );
+    assert_eq!(put_out(&hosts[1]), 0, "the host without a limit kept them all");
+    for host in hosts {
+        assert_eq!(host.stop().code(), Some(0));
+    }
+}
+
+/// A history with the host's per-session stamps (`metadata.id`, `timestamp`) taken off.
+fn unstamped(history: &Value) -> Value {
+    let mut history = history.clone();
+    for message in history.as_array_mut().unwrap() {
+        if let Some(meta) = message.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("id");
+            meta.remove("timestamp");
+        }
+    }
+    history
+}
+
+e2e_tests::store_tests!(sessions_put_out_of_memory_are_read_back_unchanged,);
