@@ -41,6 +41,9 @@ struct Case {
     sessions: usize,
     clients: usize,
     turns: usize,
+    /// `--sticky`: each session's turns go to one host, as a load balancer with session
+    /// affinity routes them; otherwise they alternate between the hosts.
+    sticky: bool,
 }
 
 /// The load, timing and store of a run.
@@ -75,7 +78,7 @@ pub fn serve(args: &[String]) -> Result<()> {
             "--reloads",
             "--session-memory-mb",
         ],
-        &["--json"],
+        &["--json", "--sticky"],
     )?;
     let json_out = args.iter().any(|a| a == "--json");
     let store: Option<String> = flag(args, "--store")?;
@@ -105,6 +108,7 @@ pub fn serve(args: &[String]) -> Result<()> {
     if reloads == Some(0) || (reloads.is_some() && hosts > 1) {
         return Err("--reloads N needs N ≥ 1 and one host (the bench reads one host's /metrics)".into());
     }
+    let sticky = args.iter().any(|a| a == "--sticky");
     let custom = ["--sessions", "--clients", "--turns"]
         .iter()
         .any(|f| args.iter().any(|a| a == f));
@@ -115,6 +119,7 @@ pub fn serve(args: &[String]) -> Result<()> {
             sessions,
             clients: flag(args, "--clients")?.unwrap_or(sessions.min(64)),
             turns: flag(args, "--turns")?.unwrap_or(50),
+            sticky,
         }]
     } else {
         vec![
@@ -123,12 +128,14 @@ pub fn serve(args: &[String]) -> Result<()> {
                 sessions: 64,
                 clients: 64,
                 turns: 50,
+                sticky,
             },
             Case {
                 name: "live_1000".into(),
                 sessions: 1000,
                 clients: 64,
                 turns: 50,
+                sticky,
             },
         ]
     };
@@ -213,6 +220,7 @@ pub fn serve(args: &[String]) -> Result<()> {
     let report = json!({
         "store": if settings.postgres.is_some() { "postgres" } else { "sqlite" },
         "hosts": settings.hosts,
+        "routing": if sticky { "sticky" } else { "alternate" },
         "machine_before": machine_before,
         "machine_after": loopback::machine(),
         "targets": {"turns_per_s": 2000, "p99_ms": 20, "peak_rss_mb_1000_sessions": 300},
@@ -604,6 +612,7 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Relo
     let addrs = Rc::new(addrs.to_vec());
     let trips_before = round_trips(&client, &addrs).await?;
     let deadline = Instant::now() + cap;
+    let sticky = case.sticky;
     let started = Instant::now();
     let local = tokio::task::LocalSet::new();
     let mut tasks = Vec::new();
@@ -611,7 +620,7 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Relo
         let (client, bodies, ids, addrs) = (client.clone(), bodies.clone(), ids.clone(), addrs.clone());
         let sessions: Vec<usize> = (c..case.sessions).step_by(case.clients).collect();
         tasks.push(local.spawn_local(async move {
-            client_loop(&client, &addrs, &ids, &bodies, &sessions, deadline).await
+            client_loop(&client, &addrs, &ids, &bodies, &sessions, sticky, deadline).await
         }));
     }
     let done = Rc::new(Cell::new(false));
@@ -660,6 +669,7 @@ async fn client_loop(
     ids: &[String],
     bodies: &[Vec<Bytes>],
     sessions: &[usize],
+    sticky: bool,
     deadline: Instant,
 ) -> Load {
     let mut load = Load {
@@ -684,7 +694,7 @@ async fn client_loop(
             }
             let url = format!(
                 "http://{}/v1/sessions/{}/turns",
-                addrs[(s + turn) % addrs.len()],
+                addrs[if sticky { s } else { s + turn } % addrs.len()],
                 ids[s]
             );
             let sent = Instant::now();
@@ -711,8 +721,8 @@ async fn client_loop(
 
 fn print_table(r: &Value) {
     println!(
-        "store: {}   hosts: {}   machine before: {}   after: {}",
-        r["store"], r["hosts"], r["machine_before"], r["machine_after"]
+        "store: {}   hosts: {} ({})   machine before: {}   after: {}",
+        r["store"], r["hosts"], r["routing"], r["machine_before"], r["machine_after"]
     );
     println!("targets: ≥ 2000 turns/s, p99 ≤ 20 ms, peak RSS ≤ 300 MB with 1000 live sessions");
     for case in r["cases"].as_array().into_iter().flatten() {

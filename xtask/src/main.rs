@@ -13,7 +13,7 @@
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
 //! cargo xtask bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL]
-//!                         [--reloads N] [--session-memory-mb N]
+//!                         [--reloads N] [--session-memory-mb N] [--sticky]
 //!                                      the same build, then a real serve under concurrent
 //!                                      loopback clients, beside a pass-through floor; or
 //!                                      N hot reloads during the load (--reloads)
@@ -101,7 +101,7 @@ usage: cargo xtask <task>
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
   bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
-              [--reloads N] [--session-memory-mb N]
+              [--reloads N] [--session-memory-mb N] [--sticky]
                               the same build, then a real serve driven by concurrent
                               loopback clients: turns/s, p50/p99, peak RSS, beside a
                               pass-through floor (docs/sessions.md#performance); with
