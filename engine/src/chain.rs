@@ -733,10 +733,11 @@ impl SharedChain {
 /// JSON, [`plugin_api::wire::message_to_string`]) differ from the previous one's. A
 /// message past either end differs; two equal histories give their length.
 ///
-/// A message that is the previous one itself (shared from turn to turn, as most are) has
-/// its bytes without writing them: what is not on the wire (its turn, its identity) is
-/// all a shared message could differ in, and it cannot. Only the others are written and
-/// compared, each previous message at most once for all the stages.
+/// Bytes are compared only where they must be: a message that is the previous one itself
+/// (shared from turn to turn, as most are) or equal to it field by field (as a session
+/// read back from its store is) is written the same, since the writer writes the fields
+/// and nothing else (turn and identity are not on the wire). Only a pair that differs
+/// in its fields is written and compared, which ends the prefix either way.
 pub(crate) struct PreviousSent<'a> {
     messages: &'a [RArc<Message>],
     bytes: Vec<std::cell::OnceCell<String>>,
@@ -757,6 +758,7 @@ impl<'a> PreviousSent<'a> {
             .zip(&self.bytes)
             .take_while(|((message, previous), bytes)| {
                 std::ptr::eq::<Message>(&***message, &***previous)
+                    || ***message == ***previous
                     || *bytes.get_or_init(|| plugin_api::wire::message_to_string(previous))
                         == plugin_api::wire::message_to_string(message)
             })

@@ -585,7 +585,7 @@ impl Service {
                     if guard.as_ref().is_none_or(|s| s.row.version != version) {
                         // The last sent history comes with it: stored with each turn.
                         let stored = lock.load()?.ok_or_else(|| SessionError::not_found(&id))?;
-                        *guard = Some(Session::from_stored(stored)?);
+                        *guard = Some(Session::from_stored_reusing(stored, guard.as_ref())?);
                     }
                     locked = Some(lock);
                 }

@@ -142,9 +142,29 @@ impl Session {
     /// A session as stored: its working history's messages get their transcript
     /// identities back.
     pub fn from_stored(stored: StoredSession) -> Result<Session, SessionError> {
+        Session::from_stored_reusing(stored, None)
+    }
+
+    /// [`Session::from_stored`], taking from `earlier` (this session as this host last
+    /// had it, before another host changed it) every message the stored working history
+    /// still references: a transcript message or a stored copy never changes under its
+    /// reference (the transcript is append-only, a copy gets a new key), so only what is
+    /// new since is parsed (docs/scaling-out.md#what-each-host-keeps).
+    pub fn from_stored_reusing(
+        stored: StoredSession,
+        earlier: Option<&Session>,
+    ) -> Result<Session, SessionError> {
+        let known: HashMap<WorkingRef, &RArc<Message>> = earlier
+            .map(|earlier| earlier.refs.iter().copied().zip(&earlier.working).collect())
+            .unwrap_or_default();
         let mut working = Vec::with_capacity(stored.working.len());
         let mut refs = Vec::with_capacity(stored.working.len());
         for (reference, seq, text) in stored.working {
+            if let Some(&message) = known.get(&reference) {
+                working.push(message.clone());
+                refs.push(reference);
+                continue;
+            }
             let value: Value = serde_json::from_str(&text).map_err(|e| {
                 SessionError::new(ErrorKind::Store, format!("stored message is not JSON: {e}"))
             })?;

@@ -286,16 +286,61 @@ fn sessions_put_out_of_memory_are_read_back_unchanged(kind: Kind) {
     let limited = shipped_config("session_memory_mb = 1\n", &[]);
     let unlimited = shipped_config("session_memory_mb = 0\n", &[]);
     let (limited_store, unlimited_store) = (TestStore::new(kind, &limited), TestStore::new(kind, &unlimited));
+    let limited = Server::start(&limited.path, limited_store.path(), &[]);
+    let unlimited = Server::start(&unlimited.path, unlimited_store.path(), &[]);
+    same_answers(&[&limited], &unlimited);
+    assert!(put_out(&limited) > 0, "the 1 MiB host put sessions out of memory");
+    assert_eq!(put_out(&unlimited), 0, "the host without a limit kept them all");
+    for host in [limited, unlimited] {
+        assert_eq!(host.stop().code(), Some(0));
+    }
+}
+
+e2e_tests::store_tests!(sessions_put_out_of_memory_are_read_back_unchanged,);
+
+/// Two hosts on one PostgreSQL store, each session's turns alternating between them: a
+/// host that finds a session changed by the other reads it back, keeping the messages it
+/// already had (docs/scaling-out.md#what-each-host-keeps). Every answer is what one host
+/// alone gives.
+#[test]
+fn two_hosts_alternating_answer_as_one_host_alone() {
+    let Some(_) =
+        e2e_tests::store::postgres_url("sessions_store::two_hosts_alternating_answer_as_one_host_alone")
+    else {
+        return;
+    };
+    let shared = shipped_config("", &[]);
+    let alone = shipped_config("", &[]);
+    let (shared_store, alone_store) = (
+        TestStore::new(Kind::Postgres, &shared),
+        TestStore::new(Kind::Postgres, &alone),
+    );
     let hosts = [
-        Server::start(&limited.path, limited_store.path(), &[]),
-        Server::start(&unlimited.path, unlimited_store.path(), &[]),
+        Server::start(&shared.path, shared_store.path(), &[]),
+        Server::start(&shared.path, shared_store.path(), &[]),
     ];
+    let reference = Server::start(&alone.path, alone_store.path(), &[]);
+    same_answers(&[&hosts[0], &hosts[1]], &reference);
+    for host in hosts.into_iter().chain([reference]) {
+        assert_eq!(host.stop().code(), Some(0));
+    }
+}
+
+/// Sends the same turns to `hosts` (turn `n` of session `s` to host `(s + n) % len`, the
+/// sessions interleaved) and to `reference`, and checks every answer, working and sent
+/// history and transcript is the same on both sides, the host's stamps aside. About 1.5
+/// MiB of tool results in all, kept whole in the working histories (the placeholders keep
+/// their originals for expansion).
+fn same_answers(hosts: &[&Server], reference: &Server) {
     const SESSIONS: usize = 8;
     let ids: Vec<[String; 2]> = (0..SESSIONS)
-        .map(|_| [hosts[0].create("gpt-4o"), hosts[1].create("gpt-4o")])
+        .map(|s| {
+            [
+                hosts[s % hosts.len()].create("gpt-4o"),
+                reference.create("gpt-4o"),
+            ]
+        })
         .collect();
-    // About 1.5 MiB of tool results in all, kept whole in the working histories (the
-    // placeholders keep their originals for expansion).
     let turn_body = |session: usize, n: usize| {
         let call = format!("c{session}-{n}");
         let result: String = (0..400)
@@ -309,11 +354,11 @@ fn sessions_put_out_of_memory_are_read_back_unchanged(kind: Kind) {
             {"role": "assistant", "content": format!("read f{n}.rs")},
         ]})
     };
+    let host_of = |session: usize, n: usize| hosts[(session + n) % hosts.len()];
     for n in 1..=8 {
-        for (session, pair) in ids.iter().enumerate() {
-            let answers: Vec<Value> = hosts
-                .iter()
-                .zip(pair)
+        for (session, [id, reference_id]) in ids.iter().enumerate() {
+            let answers: Vec<Value> = [(host_of(session, n), id), (reference, reference_id)]
+                .into_iter()
                 .map(|(host, id)| {
                     let answer = host.post(&format!("/v1/sessions/{id}/turns"), &turn_body(session, n));
                     assert_eq!(answer.status, 200, "session {session} turn {n}: {answer:?}");
@@ -346,39 +391,34 @@ fn sessions_put_out_of_memory_are_read_back_unchanged(kind: Kind) {
             );
         }
     }
-    for (session, [a, b]) in ids.iter().enumerate() {
+    for (session, [id, reference_id]) in ids.iter().enumerate() {
+        let host = host_of(session, 9);
         for sent in [false, true] {
             assert_eq!(
-                unstamped(&hosts[0].history(a, sent)),
-                unstamped(&hosts[1].history(b, sent)),
+                unstamped(&host.history(id, sent)),
+                unstamped(&reference.history(reference_id, sent)),
                 "session {session}, sent {sent}"
             );
         }
         assert_eq!(
-            unstamped(&Value::Array(hosts[0].transcript(a))),
-            unstamped(&Value::Array(hosts[1].transcript(b))),
+            unstamped(&Value::Array(host.transcript(id))),
+            unstamped(&Value::Array(reference.transcript(reference_id))),
             "session {session}: transcript"
         );
     }
-    let put_out = |host: &Server| -> u64 {
-        let text = host.get("/metrics").body;
-        text.as_str()
-            .unwrap()
-            .lines()
-            .find_map(|line| line.strip_prefix("history_sessions_put_out_total "))
-            .expect("history_sessions_put_out_total in /metrics")
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    assert!(
-        put_out(&hosts[0]) > 0,
-        "the 1 MiB host put sessions out of memory"
-    );
-    assert_eq!(put_out(&hosts[1]), 0, "the host without a limit kept them all");
-    for host in hosts {
-        assert_eq!(host.stop().code(), Some(0));
-    }
+}
+
+/// `history_sessions_put_out_total` of a host.
+fn put_out(host: &Server) -> u64 {
+    let text = host.get("/metrics").body;
+    text.as_str()
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("history_sessions_put_out_total "))
+        .expect("history_sessions_put_out_total in /metrics")
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// A history with the host's per-session stamps (`metadata.id`, `timestamp`) taken off.
@@ -392,5 +432,3 @@ fn unstamped(history: &Value) -> Value {
     }
     history
 }
-
-e2e_tests::store_tests!(sessions_put_out_of_memory_are_read_back_unchanged,);
