@@ -149,7 +149,7 @@ impl Session {
     /// had it, before another host changed it) every message the stored working history
     /// still references: a transcript message or a stored copy never changes under its
     /// reference (the transcript is append-only, a copy gets a new key), so only what is
-    /// new since is parsed (docs/scaling-out.md#what-each-host-keeps).
+    /// new since is parsed (docs/scaling-out.md#what-is-shared-what-each-host-keeps).
     pub fn from_stored_reusing(
         stored: StoredSession,
         earlier: Option<&Session>,

@@ -300,7 +300,7 @@ e2e_tests::store_tests!(sessions_put_out_of_memory_are_read_back_unchanged,);
 
 /// Two hosts on one PostgreSQL store, each session's turns alternating between them: a
 /// host that finds a session changed by the other reads it back, keeping the messages it
-/// already had (docs/scaling-out.md#what-each-host-keeps). Every answer is what one host
+/// already had (docs/scaling-out.md#what-is-shared-what-each-host-keeps). Every answer is what one host
 /// alone gives.
 #[test]
 fn two_hosts_alternating_answer_as_one_host_alone() {
