@@ -27,6 +27,7 @@
 //!
 //! `ARCHITECTURE.md` at the workspace root shows how a turn flows through these.
 
+pub mod bounded;
 mod bpe;
 pub mod chain;
 /// The output check: plugin-api's, so a plugin's own tests run the same code.

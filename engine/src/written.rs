@@ -8,25 +8,26 @@
 //! Exact: an entry holds a clone of the message's `RArc`, so its address cannot be
 //! reused by another message while it is a key, and a shared message cannot change (a
 //! plugin that changes one changes a copy). What a message may still differ in, its turn
-//! and identity, is never written. Bounded: [`MAX_ENTRIES`] messages and [`MAX_BYTES`]
-//! in all (text and message counted), split into shards by address so writers on
-//! several threads rarely wait for each other; a full shard starts over. Only lasting
-//! messages are remembered: one a view stage made for one answer would never be met again.
+//! and identity, is never written. Bounded ([`crate::bounded`]): [`MAX_ENTRIES`]
+//! messages and [`MAX_BYTES`] in all (text and message counted), in shards by address.
+//! Only lasting messages are remembered: one a view stage made for one answer would never
+//! be met again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use plugin_api::wire::write_message;
 use plugin_api::{Message, RArc};
 use rustc_hash::FxHasher;
 
+use crate::bounded::BoundedMap;
+
 /// Messages remembered in all.
 pub const MAX_ENTRIES: usize = 65_536;
-/// Bytes remembered in all: each text counted twice (the text, and the message
-/// the entry keeps alive).
+/// Bytes remembered in all: each text counted twice (the text, and the message the entry
+/// keeps alive).
 pub const MAX_BYTES: usize = 64 << 20;
-const SHARDS: usize = 16;
 
 /// Appends `history` to `out` as compact JSON text, as
 /// `plugin_api::wire::history_to_string` writes it. The messages of `history` that are
@@ -38,38 +39,25 @@ pub fn write_history(out: &mut String, history: &[RArc<Message>], lasting: &[RAr
     WIRE.get_or_init(Memory::default).write(out, history, lasting);
 }
 
-#[derive(Default)]
-struct Shard {
-    /// A message's address → the message (kept alive, so the address stays its) and its text.
-    entries: HashMap<usize, (RArc<Message>, Box<str>), BuildHasherDefault<FxHasher>>,
-    bytes: usize,
-}
+/// A message's address → the message (kept alive, so the address stays its) and its text.
+struct Memory(BoundedMap<usize, (RArc<Message>, Box<str>)>);
 
-/// The remembered texts.
-struct Memory {
-    shards: Vec<Mutex<Shard>>,
+impl Default for Memory {
+    fn default() -> Memory {
+        Memory(BoundedMap::new(MAX_ENTRIES, MAX_BYTES))
+    }
 }
 
 fn address(message: &RArc<Message>) -> usize {
     std::ptr::from_ref::<Message>(message) as usize
 }
 
-impl Default for Memory {
-    fn default() -> Memory {
-        Memory {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
+/// The shard of an address: allocations are aligned, so the low bits say little.
+fn spread(address: usize) -> u64 {
+    (address >> 6) as u64
 }
 
 impl Memory {
-    fn shard(&self, address: usize) -> std::sync::MutexGuard<'_, Shard> {
-        // Allocations are aligned: the low bits say little.
-        self.shards[(address >> 6) % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     fn write(&self, out: &mut String, history: &[RArc<Message>], lasting: &[RArc<Message>]) {
         let lasting: HashSet<usize, BuildHasherDefault<FxHasher>> = lasting.iter().map(address).collect();
         out.push('[');
@@ -82,39 +70,26 @@ impl Memory {
                 write_message(out, message);
                 continue;
             }
-            if let Some((_, text)) = self.shard(key).entries.get(&key) {
-                out.push_str(text);
+            if self
+                .0
+                .get(spread(key), &key, |(_, text)| out.push_str(text))
+                .is_some()
+            {
                 continue;
             }
             let start = out.len();
             write_message(out, message);
-            self.remember(key, message, &out[start..]);
+            let text = &out[start..];
+            let bytes = 2 * text.len() + std::mem::size_of::<Message>();
+            self.0
+                .insert(spread(key), key, (message.clone(), text.into()), bytes);
         }
         out.push(']');
     }
 
-    fn remember(&self, key: usize, message: &RArc<Message>, text: &str) {
-        let cost = 2 * text.len() + std::mem::size_of::<Message>();
-        if cost > MAX_BYTES / SHARDS {
-            return;
-        }
-        let mut shard = self.shard(key);
-        if shard.entries.len() >= MAX_ENTRIES / SHARDS || shard.bytes + cost > MAX_BYTES / SHARDS {
-            shard.entries.clear();
-            shard.bytes = 0;
-        }
-        if let Some((_, old)) = shard.entries.insert(key, (message.clone(), text.into())) {
-            shard.bytes -= 2 * old.len() + std::mem::size_of::<Message>();
-        }
-        shard.bytes += cost;
-    }
-
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
-            .sum()
+        self.0.len()
     }
 }
 

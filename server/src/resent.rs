@@ -6,14 +6,12 @@
 //! and its token counts (kept on the message) not looked up again.
 //!
 //! Exact: a message is found by its text's hash and then compared byte for byte, so two
-//! texts never share a parse. Bounded: [`MAX_ENTRIES`] messages and [`MAX_BYTES`] in all,
-//! split into shards by hash so calls on several threads rarely wait for each other; a
-//! full shard starts over, which costs at most one more parse of what is still resent.
+//! texts never share a parse. Bounded (`history_engine::bounded`): [`MAX_ENTRIES`]
+//! messages and [`MAX_BYTES`] in all, in shards by hash.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault};
-use std::sync::Mutex;
 
+use history_engine::bounded::BoundedMap;
 use plugin_api::wire::{parse_message, ShapeError};
 use plugin_api::{Message, RArc};
 use rustc_hash::FxHasher;
@@ -24,33 +22,22 @@ use serde_json::Value;
 pub(crate) const MAX_ENTRIES: usize = 65_536;
 /// Bytes remembered in all: each message's text, counted twice for the parsed copy.
 pub(crate) const MAX_BYTES: usize = 64 << 20;
-const SHARDS: usize = 16;
 
 /// A message text's length and hash.
 type Key = (usize, u64);
 
-#[derive(Default)]
-struct Shard {
-    /// A text's key → the text and its message.
-    entries: HashMap<Key, (Box<str>, RArc<Message>), BuildHasherDefault<FxHasher>>,
-    bytes: usize,
-}
-
-pub(crate) struct ResentMessages {
-    shards: Vec<Mutex<Shard>>,
-}
+/// A text's key → the text and its message.
+pub(crate) struct ResentMessages(BoundedMap<Key, (Box<str>, RArc<Message>)>);
 
 impl Default for ResentMessages {
     fn default() -> Self {
-        ResentMessages {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
+        ResentMessages(BoundedMap::new(MAX_ENTRIES, MAX_BYTES))
     }
 }
 
-/// What one message text costs the memory.
-fn cost(text: &str) -> usize {
-    2 * text.len() + std::mem::size_of::<Message>()
+/// The shard of a key: FxHash's high bits are its strongest.
+fn spread(key: Key) -> u64 {
+    key.1 >> 60
 }
 
 impl ResentMessages {
@@ -82,48 +69,27 @@ impl ResentMessages {
         }
         prepare(&mut history);
         for index in parsed {
-            self.remember(texts[index].get(), keys[index], &history[index]);
+            let (text, key) = (texts[index].get(), keys[index]);
+            let bytes = 2 * text.len() + std::mem::size_of::<Message>();
+            self.0
+                .insert(spread(key), key, (text.into(), history[index].clone()), bytes);
         }
         Ok(history)
     }
 
-    fn shard(&self, key: Key) -> std::sync::MutexGuard<'_, Shard> {
-        // The high bits: FxHash's low bits are the weakest.
-        self.shards[(key.1 >> 60) as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
+    /// The message parsed from `text` before, compared byte for byte (never trusted by key).
     fn find(&self, text: &str, key: Key) -> Option<RArc<Message>> {
-        match self.shard(key).entries.get(&key) {
-            Some((seen, message)) if **seen == *text => Some(message.clone()),
-            _ => None,
-        }
-    }
-
-    fn remember(&self, text: &str, key: Key, message: &RArc<Message>) {
-        let cost = cost(text);
-        if cost > MAX_BYTES / SHARDS {
-            return;
-        }
-        let mut shard = self.shard(key);
-        if shard.entries.len() >= MAX_ENTRIES / SHARDS || shard.bytes + cost > MAX_BYTES / SHARDS {
-            shard.entries.clear();
-            shard.bytes = 0;
-        }
-        if let Some((old, _)) = shard.entries.insert(key, (text.into(), message.clone())) {
-            shard.bytes -= self::cost(&old);
-        }
-        shard.bytes += cost;
+        self.0
+            .get(spread(key), &key, |(seen, message)| {
+                (**seen == *text).then(|| message.clone())
+            })
+            .flatten()
     }
 
     /// Messages remembered now.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
-            .sum()
+        self.0.len()
     }
 }
 
@@ -183,7 +149,7 @@ mod tests {
         // Forge a collision: another text stored under this text's key.
         let other = r#"{"role":"user","content":"b"}"#;
         let k = key(r#"{"role":"user","content":"a"}"#);
-        memory.shard(k).entries.insert(k, (other.into(), one[0].clone()));
+        memory.0.insert(spread(k), k, (other.into(), one[0].clone()), 0);
         let two = memory.parse(&texts(json), |_| {}).unwrap();
         assert!(
             !same(&one[0], &two[0]),
