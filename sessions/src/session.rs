@@ -179,8 +179,19 @@ impl Session {
         turns::prepare(&mut working, stored.row.turn.max(1));
         let (sent, last_sent, sent_copies) = match stored.sent {
             Some((encoded, texts)) => {
+                let entries = decode_sent(&encoded)?;
+                // A sent message that is a working one is that very message, as before
+                // the session was stored: shared, not parsed a second time.
+                let in_working: HashMap<WorkingRef, &RArc<Message>> =
+                    refs.iter().copied().zip(&working).collect();
                 let mut messages = Vec::with_capacity(texts.len());
-                for text in texts {
+                for (entry, text) in entries.iter().zip(texts) {
+                    if let SentEntry::Ref(reference) = entry {
+                        if let Some(&message) = in_working.get(reference) {
+                            messages.push(message.clone());
+                            continue;
+                        }
+                    }
                     let value: Value = serde_json::from_str(&text).map_err(|e| {
                         SessionError::new(ErrorKind::Store, format!("stored sent message is not JSON: {e}"))
                     })?;
@@ -189,7 +200,7 @@ impl Session {
                     })?;
                     messages.push(RArc::new(message));
                 }
-                let copies = copies_of(&decode_sent(&encoded)?);
+                let copies = copies_of(&entries);
                 (Some(encoded), Some(messages), copies)
             }
             None => (None, None, Vec::new()),
