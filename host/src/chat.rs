@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use history_engine::document::parse_document;
 use history_server::ModelClient;
-use history_sessions::service::history_json;
+use history_sessions::answers::history_json;
 use history_sessions::{Command, Options, Service, TurnInput};
 use plugin_api::{Message, RArc};
 

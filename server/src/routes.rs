@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use history_sessions::service::{history_json, switch_json, turn_json};
+use history_sessions::answers::{history_json, switch_json, turn_json};
 use history_sessions::{Command, ContextItem, ErrorKind, Service, SessionError, TurnInput};
 use serde_json::{json, Map, Value};
 

@@ -11,6 +11,7 @@
 //! - [`reload`]: hot reload of the configuration and the chain (`Service::watch`);
 //! - [`metrics`]: the counters `/metrics` shows; [`clock`]: time stamps and session ids.
 
+pub mod answers;
 pub mod clock;
 pub mod commands;
 pub mod error;

@@ -19,6 +19,7 @@ use history_engine::{Config, SharedChain};
 use serde_json::{json, Value};
 use tokio::sync::Mutex as AsyncMutex;
 
+use crate::answers::{event_json, message_json, switch_json};
 use crate::clock::{new_session_id, now_ms, rfc3339};
 use crate::commands::Command;
 use crate::error::{ErrorKind, SessionError};
@@ -1100,95 +1101,6 @@ impl ErrorKind {
             _ => "store_failed",
         }
     }
-}
-
-/// A message as its JSON value.
-pub fn message_json(message: &plugin_api::Message) -> Value {
-    serde_json::from_str(&plugin_api::wire::message_to_string(message)).unwrap_or(Value::Null)
-}
-
-/// A history as a JSON array.
-pub fn history_json(history: &[plugin_api::RArc<plugin_api::Message>]) -> Value {
-    serde_json::from_str(&plugin_api::wire::history_to_string(history)).unwrap_or(Value::Null)
-}
-
-/// An event as JSON, with the plugin that reported it.
-pub fn event_json(plugin: &str, event: &plugin_api::Event) -> Value {
-    json!({
-        "plugin": plugin,
-        "kind": event.kind.as_str(),
-        "turn": event.turn,
-        "index": event.index.into_option(),
-        "id": event.id.as_ref().into_option().map(|s| s.as_str()),
-        "reason": event.reason.as_str(),
-        "tokens_saved": event.tokens_saved.into_option(),
-    })
-}
-
-/// A model switch's result: `{model, effective_ctx, history}` (the working history).
-pub fn switch_json(outcome: &SwitchOutcome) -> Value {
-    json!({
-        "model": outcome.model.name.as_str(),
-        "previous_model": outcome.old,
-        "effective_ctx": outcome.model.effective_ctx,
-        "history": history_json(&outcome.run.working),
-        "working_size": outcome.run.working.len(),
-    })
-}
-
-/// A turn's result as JSON text: `{turn, model, effective_ctx, history, working_size, events, stats, prefix_kept, input_faults}`.
-pub fn turn_json(outcome: &TurnOutcome) -> String {
-    let run = &outcome.run;
-    let mut events = Vec::new();
-    let mut stats = Vec::new();
-    for stage in outcome.switch.iter().flat_map(|s| &s.stages) {
-        for event in &stage.events {
-            events.push(event_json(&stage.plugin, event));
-        }
-    }
-    for stage in &run.stages {
-        for event in &stage.events {
-            events.push(event_json(&stage.plugin, event));
-        }
-        stats.push(json!({
-            "plugin": stage.plugin,
-            "view": stage.view,
-            "messages_in": stage.messages_in,
-            "messages_out": stage.messages_out,
-            "tokens_in": stage.tokens_in,
-            "tokens_out": stage.tokens_out,
-            "ms": stage.elapsed.as_secs_f64() * 1000.0,
-            "prefix_kept": stage.prefix_kept,
-            "skipped": stage.skipped,
-            "quarantined": stage.quarantined,
-        }));
-    }
-    // The sent history is most of the answer: written straight as text, not parsed into
-    // a `Value` and serialized again. The members keep the order
-    // docs/http-api.md shows.
-    let head = json!({
-        "turn": outcome.turn,
-        "model": outcome.model.name.as_str(),
-        "effective_ctx": outcome.model.effective_ctx,
-    });
-    let tail = json!({
-        "working_size": run.working.len(),
-        "events": events,
-        "stats": stats,
-        "prefix_kept": run.prefix_kept,
-        "input_faults": run.input_faults,
-    });
-    let (head, tail) = (head.to_string(), tail.to_string());
-    let mut out = String::new();
-    // `{"turn":…,"effective_ctx":…` + `,"history":[…]` + `,"working_size":…}`; each
-    // message the last turn's answer carried too is copied from its text then
-    // (history_engine::written).
-    out.push_str(&head[..head.len() - 1]);
-    out.push_str(",\"history\":");
-    history_engine::written::write_history(&mut out, &run.history, &run.working);
-    out.push(',');
-    out.push_str(&tail[1..]);
-    out
 }
 
 /// An expiration override from a request, checked, as the JSON the store keeps; `null` or
