@@ -105,8 +105,9 @@ enum Command {
         /// The model (a new session's, or a switch for a resumed one).
         #[arg(long)]
         model: Option<String>,
-        /// Resume this stored session.
-        #[arg(long, value_name = "ID")]
+        /// Resume this stored session. An id may start with `-` (ids are URL-safe
+        /// base64), so the value is taken as it is.
+        #[arg(long, value_name = "ID", allow_hyphen_values = true)]
         session: Option<String>,
         /// The session store (overrides the configuration's `store`).
         #[arg(long, value_name = "PATH")]

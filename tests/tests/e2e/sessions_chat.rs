@@ -198,3 +198,26 @@ fn chat_with_an_upstream_prints_and_stores_the_models_replies_and_survives_it_be
     assert!(out.contains("turn 5: sent history"), "{out}");
     assert!(out.contains("working history: 5 messages"), "{out}");
 }
+
+/// Session ids are URL-safe base64, so one in 32 starts with `-`: `--session` takes it as
+/// the id, not as an option (it was a usage error, exit 64, before).
+#[test]
+fn a_session_id_starting_with_a_dash_is_taken_as_the_id() {
+    let config = shipped_config("", &[]);
+    let mut command = std::process::Command::new(host_bin());
+    command
+        .args(["chat", "--config"])
+        .arg(&config.path)
+        .arg("--store")
+        .arg(config.dir.path().join("sessions.db"))
+        .args(["--session", "-5AbC_unknown"])
+        .env("HISTORY_LOG", "warn");
+    let output = run_with_stdin(command, "");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    assert!(
+        stderr.contains("no session \"-5AbC_unknown\""),
+        "{}",
+        describe(&output)
+    );
+}
