@@ -250,7 +250,7 @@ fn serve_reloads_a_rebuilt_library_and_config_edits_and_refuses_a_broken_edit_wh
     let good = std::fs::read_to_string(&config.path).unwrap();
     let broken = good.replace("\"dedupe\"", "\"dedup\"");
     assert_ne!(broken, good);
-    std::fs::write(&config.path, &broken).unwrap();
+    save(&config.path, &broken);
     wait_until("the broken edit is refused", || reloads(&server, "failed") == 1.0);
     let health = server.get("/healthz");
     assert_eq!(health.status, 503, "{health:?}");
@@ -286,7 +286,7 @@ fn serve_reloads_a_rebuilt_library_and_config_edits_and_refuses_a_broken_edit_wh
     // Fixed: reloaded, healthy again.
     let fixed = good.replace("\"dedupe\"]", "\"dedupe\", \"role_pair\"]");
     assert_ne!(fixed, good);
-    std::fs::write(&config.path, &fixed).unwrap();
+    save(&config.path, &fixed);
     wait_until("the fix is reloaded", || reloads(&server, "ok") == 3.0);
     let health = server.get("/healthz");
     assert_eq!(health.status, 200, "{health:?}");
@@ -434,4 +434,13 @@ fn shadow_copies_load_each_content_once_and_a_rebuild_as_new_code() {
     assert!(libraries.remove_unused(plugins.path()).is_empty());
     assert!(ShadowLibraries::new().remove_unused(plugins.path()).is_empty());
     assert_eq!(copies(), 2);
+}
+
+/// Saves an edit of the configuration as an editor's safe save does, whole at once (a
+/// temporary file renamed over it): written in place, the watch could read it between
+/// the truncation and the write, and report that empty file's error instead.
+fn save(path: &std::path::Path, text: &str) {
+    let temporary = path.with_extension("toml.saving");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
 }
