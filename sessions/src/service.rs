@@ -82,7 +82,9 @@ struct Slot {
     /// out of memory past `session_memory_mb` (docs/sessions.md#memory).
     state: Arc<AsyncMutex<Option<Session>>>,
     /// What the session in `state` holds in memory (`Session::memory_estimate`), as of
-    /// the end of its last operation; 0 while it is not in memory.
+    /// the end of its last operation under a `session_memory_mb` limit; 0 while it is
+    /// not in memory, or not counted yet (a limit set by a reload counts each session
+    /// from its next operation).
     resident: AtomicUsize,
     closed: AtomicBool,
 }
@@ -620,7 +622,11 @@ impl Service {
             let result = f(session, &env);
             *slot.info.lock().unwrap_or_else(|e| e.into_inner()) =
                 SessionInfo::of(&session.row, session.working().len());
-            slot.resident.store(session.memory_estimate(), Ordering::Relaxed);
+            // Counted only under a limit: without one nothing reads it, and the estimate
+            // walks every message.
+            if config.session_memory_mb > 0 {
+                slot.resident.store(session.memory_estimate(), Ordering::Relaxed);
+            }
             drop(locked_store);
             drop(guard);
             service.keep_within_memory(config.session_memory_mb);
