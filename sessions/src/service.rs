@@ -27,7 +27,8 @@ use crate::metrics::Metrics;
 use crate::reload::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
 use crate::store::{
-    self, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError, StoredSession, TranscriptRow,
+    self, HostCopy, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError, StoredSession,
+    TranscriptRow,
 };
 
 /// How long a turn waits for the session's previous turn by default.
@@ -196,8 +197,8 @@ impl Store for TimedStore {
     fn shared(&self) -> bool {
         self.inner.shared()
     }
-    fn lock(&self, id: &str, known: Option<u64>) -> Result<Locked, StoreError> {
-        self.inner.lock(id, known)
+    fn lock(&self, id: &str, held: Option<&HostCopy>) -> Result<Locked, StoreError> {
+        self.inner.lock(id, held)
     }
     fn create_limited(&self, row: &SessionRow, max_users: u64) -> Result<Result<(), u64>, StoreError> {
         self.timed(|s| s.create_limited(row, max_users))
@@ -567,7 +568,10 @@ impl Service {
             // On a shared store: the session's lock across hosts, and the session as
             // stored if another host changed it since this one last did.
             let mut locked = None;
-            match service.store.lock(&id, guard.as_ref().map(|s| s.row.version))? {
+            match service
+                .store
+                .lock(&id, guard.as_ref().map(Session::host_copy).as_ref())?
+            {
                 Locked::NotShared => {}
                 Locked::Busy => {
                     return Err(SessionError::new(

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::clock::rfc3339;
 use crate::error::{ErrorKind, SessionError};
 use crate::store::{
-    decode_sent, encode_sent, CopyRow, SentEntry, SessionRow, SessionWrite, Store, StoredSession,
+    decode_sent, encode_sent, CopyRow, HostCopy, SentEntry, SessionRow, SessionWrite, Store, StoredSession,
     TranscriptRow, WorkingRef,
 };
 
@@ -146,25 +146,31 @@ impl Session {
     }
 
     /// [`Session::from_stored`], taking from `earlier` (this session as this host last
-    /// had it, before another host changed it) every message the stored working history
-    /// still references: a transcript message or a stored copy never changes under its
+    /// had it, before another host changed it) every message the stored histories still
+    /// reference: a transcript message or a stored copy never changes under its
     /// reference (the transcript is append-only, a copy gets a new key), so only what is
-    /// new since is parsed (docs/scaling-out.md#what-is-shared-what-each-host-keeps).
+    /// new since is parsed — and, read with [`Session::host_copy`], only that is read
+    /// (docs/scaling-out.md#what-is-shared-what-each-host-keeps).
     pub fn from_stored_reusing(
         stored: StoredSession,
         earlier: Option<&Session>,
     ) -> Result<Session, SessionError> {
-        let known: HashMap<WorkingRef, &RArc<Message>> = earlier
-            .map(|earlier| earlier.refs.iter().copied().zip(&earlier.working).collect())
-            .unwrap_or_default();
+        let held = earlier.map(Session::held_messages).unwrap_or_default();
+        let missing = |what: &str, r: &WorkingRef| {
+            SessionError::new(
+                ErrorKind::Store,
+                format!("{what} {r:?} was neither read from the store nor held by this host"),
+            )
+        };
         let mut working = Vec::with_capacity(stored.working.len());
         let mut refs = Vec::with_capacity(stored.working.len());
         for (reference, seq, text) in stored.working {
-            if let Some(&message) = known.get(&reference) {
+            if let Some(&message) = held.get(&reference) {
                 working.push(message.clone());
                 refs.push(reference);
                 continue;
             }
+            let text = text.ok_or_else(|| missing("working history entry", &reference))?;
             let value: Value = serde_json::from_str(&text).map_err(|e| {
                 SessionError::new(ErrorKind::Store, format!("stored message is not JSON: {e}"))
             })?;
@@ -187,11 +193,18 @@ impl Session {
                 let mut messages = Vec::with_capacity(texts.len());
                 for (entry, text) in entries.iter().zip(texts) {
                     if let SentEntry::Ref(reference) = entry {
-                        if let Some(&message) = in_working.get(reference) {
+                        if let Some(&message) = in_working.get(reference).or_else(|| held.get(reference)) {
                             messages.push(message.clone());
                             continue;
                         }
                     }
+                    let text = match (entry, text) {
+                        (_, Some(text)) => text,
+                        (SentEntry::Ref(reference), None) => {
+                            return Err(missing("sent history entry", reference))
+                        }
+                        (SentEntry::Inline(text), None) => text.clone(),
+                    };
                     let value: Value = serde_json::from_str(&text).map_err(|e| {
                         SessionError::new(ErrorKind::Store, format!("stored sent message is not JSON: {e}"))
                     })?;
@@ -213,6 +226,32 @@ impl Session {
             sent,
             sent_copies,
         })
+    }
+
+    /// The messages this session holds under a store reference: its working history's,
+    /// and its last sent history's that are references.
+    fn held_messages(&self) -> HashMap<WorkingRef, &RArc<Message>> {
+        let mut held: HashMap<WorkingRef, &RArc<Message>> =
+            self.refs.iter().copied().zip(&self.working).collect();
+        if let (Some(encoded), Some(messages)) = (&self.sent, &self.last_sent) {
+            if let Ok(entries) = decode_sent(encoded) {
+                for (entry, message) in entries.iter().zip(messages) {
+                    if let SentEntry::Ref(reference) = entry {
+                        held.entry(*reference).or_insert(message);
+                    }
+                }
+            }
+        }
+        held
+    }
+
+    /// What this host holds of the session, for [`Store::lock`]: a read-back after
+    /// another host's change sends only the messages not among these.
+    pub fn host_copy(&self) -> HostCopy {
+        HostCopy {
+            version: self.row.version,
+            refs: self.held_messages().into_keys().collect(),
+        }
     }
 
     pub fn working(&self) -> &[RArc<Message>] {

@@ -161,13 +161,32 @@ pub struct SessionWrite<'a> {
 }
 
 /// A session as stored: its row, its working history with the messages it references
-/// (`(reference, copy's seq, JSON text)` in order), and its last sent history (the
-/// messages' JSON texts) with its encoding as stored.
+/// (`(reference, copy's seq, JSON text)` in order), and its last sent history (one JSON
+/// text per message) with its encoding as stored.
+///
+/// A text is `None` where it was not read: a working message whose reference the reader
+/// said it holds already ([`HostCopy`]), and a sent message that is one of the working
+/// history's or that the reader holds. A transcript message or a stored copy never
+/// changes under its reference (the transcript is append-only; a changed copy gets a new
+/// key), so what a host holds under a reference is what the store holds.
 #[derive(Debug, Clone)]
 pub struct StoredSession {
     pub row: SessionRow,
-    pub working: Vec<(WorkingRef, Option<u64>, String)>,
-    pub sent: Option<(String, Vec<String>)>,
+    pub working: Vec<(WorkingRef, Option<u64>, Option<String>)>,
+    pub sent: Option<StoredSent>,
+}
+
+/// A stored sent history: its encoding ([`encode_sent`]) and one text per message (see
+/// [`StoredSession`]).
+pub type StoredSent = (String, Vec<Option<String>>);
+
+/// What a host holds of a session in memory, told to [`Store::lock`]: the version it
+/// has, and the references of the messages it has parsed, which a read-back need not
+/// send again (docs/scaling-out.md#what-is-shared-what-each-host-keeps).
+#[derive(Debug, Clone, Default)]
+pub struct HostCopy {
+    pub version: u64,
+    pub refs: Vec<WorkingRef>,
 }
 
 /// One session's lock on a shared store, held for one operation on it: no other host
@@ -221,9 +240,10 @@ pub trait Store: Send + Sync {
         false
     }
     /// Takes session `id`'s lock across hosts, waiting at most the store's lock wait.
-    /// `known` is the version this host holds in memory: a store may read the session
-    /// with the lock when the stored one differs, for [`SessionLock::load`] to return.
-    fn lock(&self, _id: &str, _known: Option<u64>) -> Result<Locked, StoreError> {
+    /// `held` is what this host holds of the session in memory: a store may read the
+    /// session with the lock when the stored version differs, leaving out the messages
+    /// the host holds, for [`SessionLock::load`] to return.
+    fn lock(&self, _id: &str, _held: Option<&HostCopy>) -> Result<Locked, StoreError> {
         Ok(Locked::NotShared)
     }
     /// Adds a new session unless `max_users` sessions are stored already (then
@@ -335,28 +355,31 @@ pub fn decode_sent(text: &str) -> Result<Vec<SentEntry>, StoreError> {
     Ok(entries)
 }
 
-/// A stored sent history's messages: a reference the working history has takes its text
-/// from there, any other is asked of `fetch` (a transcript row, or a copy kept for it).
+/// A stored sent history's messages ([`StoredSession::sent`]): a reference the working
+/// history has, or that the reader holds (`held`), is left unread (`None`); any other is
+/// asked of `fetch` (a transcript row, or a copy kept for it).
 pub(crate) fn resolve_sent(
     sent: Option<String>,
-    working: &[(WorkingRef, Option<u64>, String)],
+    working: &[(WorkingRef, Option<u64>, Option<String>)],
+    held: Option<&HostCopy>,
     mut fetch: impl FnMut(WorkingRef) -> Result<Option<String>, StoreError>,
-) -> Result<Option<(String, Vec<String>)>, StoreError> {
+) -> Result<Option<StoredSent>, StoreError> {
     let Some(sent) = sent else {
         return Ok(None);
     };
-    let known: std::collections::HashMap<WorkingRef, &str> =
-        working.iter().map(|(r, _, text)| (*r, text.as_str())).collect();
+    let unread: std::collections::HashSet<WorkingRef> = working
+        .iter()
+        .map(|(r, _, _)| *r)
+        .chain(held.into_iter().flat_map(|h| h.refs.iter().copied()))
+        .collect();
     let mut messages = Vec::new();
     for entry in decode_sent(&sent)? {
         messages.push(match entry {
-            SentEntry::Inline(text) => text,
-            SentEntry::Ref(r) => match known.get(&r) {
-                Some(text) => text.to_string(),
-                None => fetch(r)?.ok_or_else(|| {
-                    StoreError::new(format!("sent history entry {r:?} is missing from the store"))
-                })?,
-            },
+            SentEntry::Inline(text) => Some(text),
+            SentEntry::Ref(r) if unread.contains(&r) => None,
+            SentEntry::Ref(r) => Some(fetch(r)?.ok_or_else(|| {
+                StoreError::new(format!("sent history entry {r:?} is missing from the store"))
+            })?),
         });
     }
     Ok(Some((sent, messages)))

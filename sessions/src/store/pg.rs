@@ -23,8 +23,8 @@ use postgres_protocol::escape::escape_literal;
 use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
 use super::{
-    decode_working, encode_working, resolve_sent, Locked, SessionLock, SessionRow, SessionWrite, Store,
-    StoreError, StoredSession, TranscriptRow, WorkingRef,
+    decode_working, encode_working, resolve_sent, HostCopy, Locked, SessionLock, SessionRow, SessionWrite,
+    Store, StoreError, StoredSession, TranscriptRow, WorkingRef,
 };
 
 type Manager = PostgresConnectionManager<NoTls>;
@@ -33,7 +33,8 @@ type Connection = r2d2::PooledConnection<Manager>;
 
 /// The schema, one entry per version; a host applies the ones the database lacks.
 /// 1: sessions, transcripts, working copies; 2: `summaries`, the summarizer's answers;
-/// 3: `sessions.sent`, the last sent history (`super::encode_sent`).
+/// 3: `sessions.sent`, the last sent history (`super::encode_sent`); 4: lz4 compression of
+/// the message texts.
 const MIGRATIONS: &[&str] = &[
     "
 CREATE TABLE sessions (
@@ -75,6 +76,21 @@ CREATE TABLE summaries (
 ",
     "
 ALTER TABLE sessions ADD COLUMN sent TEXT;
+",
+    // Large texts compressed with lz4 where the server has it (PostgreSQL 14 and later,
+    // built with it) rather than pglz, which cost about a tenth of the server's CPU under
+    // the serve bench. Values stored before keep their compression; both read back.
+    "
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression'
+               AND 'lz4' = ANY(enumvals)) THEN
+        ALTER TABLE transcript ALTER COLUMN message SET COMPRESSION lz4;
+        ALTER TABLE working_copies ALTER COLUMN message SET COMPRESSION lz4;
+        ALTER TABLE sessions ALTER COLUMN sent SET COMPRESSION lz4;
+    END IF;
+END
+$$;
 ",
 ];
 
@@ -159,9 +175,20 @@ impl PgStore {
     /// Connects to `url` (a `postgres://` URL), migrating the schema if needed.
     /// `lock_wait` is how long an operation waits for a session another host holds.
     pub fn open(url: &str, lock_wait: Duration) -> Result<PgStore, StoreError> {
-        let config: postgres::Config = url
+        let mut config: postgres::Config = url
             .parse()
             .map_err(|e| StoreError::new(format!("bad store URL {}: {e}", hide_password(url))))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let unreachable = |e: &dyn std::fmt::Display| {
+            StoreError::unavailable(format!("cannot connect to {}: {e}", hide_password(url)))
+        };
+        // The schema first, on a connection of its own: the pool's connections prepare
+        // their statements against it as they open.
+        let mut first = config.connect(NoTls).map_err(|e| unreachable(&e))?;
+        migrate(&mut first)?;
+        drop(first);
         let pool = r2d2::Pool::builder()
             .max_size(POOL_SIZE)
             .min_idle(Some(1))
@@ -171,14 +198,13 @@ impl PgStore {
             // again on a fresh one (`PgStore::lock`).
             .test_on_check_out(false)
             .connection_timeout(CONNECT_TIMEOUT)
+            .connection_customizer(Box::new(PrepareStatements))
             .build(PostgresConnectionManager::new(config, NoTls))
-            .map_err(|e| StoreError::unavailable(format!("cannot connect to {}: {e}", hide_password(url))))?;
-        let store = PgStore {
+            .map_err(|e| unreachable(&e))?;
+        Ok(PgStore {
             pool: Some(pool),
             lock_wait,
-        };
-        store.migrate()?;
-        Ok(store)
+        })
     }
 
     fn connection(&self) -> Result<Connection, StoreError> {
@@ -188,46 +214,105 @@ impl PgStore {
             .get()
             .map_err(pool_err)
     }
+}
 
-    /// Applies the migrations the database lacks, one host at a time.
-    fn migrate(&self) -> Result<(), StoreError> {
-        let mut c = self.connection()?;
-        c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
-            .map_err(err)?;
-        let result = (|| {
-            c.batch_execute(
-                "CREATE TABLE IF NOT EXISTS history_schema (version BIGINT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-            )
-            .map_err(err)?;
-            let current: i64 = c
-                .query_one("SELECT COALESCE(max(version), 0) FROM history_schema", &[])
-                .map_err(err)?
-                .get(0);
-            let known = MIGRATIONS.len() as i64;
-            if current > known {
-                return Err(StoreError::new(format!(
-                    "the database was migrated by a newer history-host (schema {current}, this one knows {known})"
-                )));
-            }
-            for (index, migration) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-                let version = index as i64 + 1;
-                let mut tx = c.transaction().map_err(err)?;
-                tx.batch_execute(migration).map_err(err)?;
-                tx.execute("INSERT INTO history_schema (version) VALUES ($1)", &[&version])
-                    .map_err(err)?;
-                tx.commit().map_err(err)?;
-                tracing::info!("store: schema migrated to version {version}");
-            }
-            Ok(())
-        })();
-        c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-            .map_err(err)?;
-        result
-    }
+/// Applies the migrations the database lacks, one host at a time.
+fn migrate(c: &mut postgres::Client) -> Result<(), StoreError> {
+    c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(err)?;
+    let result = (|| {
+        c.batch_execute(
+            "CREATE TABLE IF NOT EXISTS history_schema (version BIGINT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .map_err(err)?;
+        let current: i64 = c
+            .query_one("SELECT COALESCE(max(version), 0) FROM history_schema", &[])
+            .map_err(err)?
+            .get(0);
+        let known = MIGRATIONS.len() as i64;
+        if current > known {
+            return Err(StoreError::new(format!(
+                "the database was migrated by a newer history-host (schema {current}, this one knows {known})"
+            )));
+        }
+        for (index, migration) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+            let version = index as i64 + 1;
+            let mut tx = c.transaction().map_err(err)?;
+            tx.batch_execute(migration).map_err(err)?;
+            tx.execute("INSERT INTO history_schema (version) VALUES ($1)", &[&version])
+                .map_err(err)?;
+            tx.commit().map_err(err)?;
+            tracing::info!("store: schema migrated to version {version}");
+        }
+        Ok(())
+    })();
+    c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .map_err(err)?;
+    result
 }
 
 const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript_len, cleared_at, \
      expiration_override, created_at, last_active, next_copy, working, version";
+
+/// The statements a turn runs, prepared once on each pooled connection as it opens
+/// ([`PrepareStatements`]) and run by `EXECUTE` inside the turn's simple queries: the
+/// server then parses and plans each once per connection, not once per turn — most of
+/// its CPU otherwise (docs/scaling-out.md#round-trips).
+///
+/// - `history_lock`, `history_unlock`: session `$1`'s advisory lock;
+/// - `history_version`: its stored version;
+/// - `history_read_row`, `history_read_transcript`, `history_read_copies`: the session's
+///   row, and the transcript rows and copies its histories reference, when its version
+///   is not `$2` (NULL: always), leaving out the transcript rows in `$3` (references as
+///   [`encode_working`] writes them) and the copies in `$3` (keys) — [`read_statements`];
+/// - `history_write`: one change of a session — [`write_statement`].
+fn prepare_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let wanted = transcript_seqs("s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), '')");
+        let held = transcript_seqs("$3");
+        format!(
+            "SET plan_cache_mode = force_generic_plan; \
+             PREPARE history_lock(text) AS SELECT pg_advisory_lock({SESSION_KEY}); \
+             PREPARE history_unlock(text) AS SELECT pg_advisory_unlock({SESSION_KEY}); \
+             PREPARE history_version(text) AS SELECT version FROM sessions WHERE id = $1; \
+             PREPARE history_read_row(text, bigint) AS \
+               SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2; \
+             PREPARE history_read_transcript(text, bigint, text) AS \
+               SELECT t.seq, t.message FROM transcript t WHERE t.session_id = $1 AND t.seq IN ( \
+                 SELECT seq FROM sessions s, LATERAL ({wanted}) AS wanted(seq) \
+                 WHERE s.id = $1 AND s.version IS DISTINCT FROM $2) \
+               AND t.seq NOT IN ({held}); \
+             PREPARE history_read_copies(text, bigint, bigint[]) AS \
+               SELECT key, seq, message FROM working_copies WHERE session_id = $1 AND key <> ALL($3) \
+               AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2); \
+             PREPARE history_write(text, text, bigint, bigint, bigint, bigint, text, bigint, bigint, \
+                                   text, text, bigint, bigint[], bigint[], text[], bigint[], bigint[], \
+                                   text[], bigint[]) AS \
+               WITH u AS (UPDATE sessions SET model = $2, effective_ctx = $3, turn = $4, \
+                   transcript_len = $5, cleared_at = $6, expiration_override = $7, last_active = $8, \
+                   next_copy = $9, working = $10, sent = $11, version = $12 \
+                   WHERE id = $1 AND version = $12 - 1 RETURNING id), \
+                 t AS (INSERT INTO transcript (session_id, seq, turn, message) \
+                   SELECT u.id, v.seq, v.turn, v.message FROM u, unnest($13, $14, $15) AS v(seq, turn, message)), \
+                 c AS (INSERT INTO working_copies (session_id, key, seq, message) \
+                   SELECT u.id, v.key, v.seq, v.message FROM u, unnest($16, $17, $18) AS v(key, seq, message)), \
+                 d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key = ANY($19)) \
+               SELECT count(*) FROM u"
+        )
+    })
+}
+
+/// Prepares [`prepare_sql`]'s statements on each connection the pool opens.
+#[derive(Debug)]
+struct PrepareStatements;
+
+impl r2d2::CustomizeConnection<postgres::Client, postgres::Error> for PrepareStatements {
+    fn on_acquire(&self, c: &mut postgres::Client) -> Result<(), postgres::Error> {
+        trips(1);
+        c.batch_execute(prepare_sql())
+    }
+}
 
 fn row_of(r: &postgres::Row) -> (SessionRow, String) {
     (
@@ -327,19 +412,19 @@ fn insert(c: &mut impl GenericClient, row: &SessionRow) -> Result<(), StoreError
     Ok(())
 }
 
-/// One session write as one statement: the row's update, refused unless `row.version`
-/// follows the stored version, and the transcript rows and copies added and dropped, each
-/// only if the update happened (they read its result). It answers 1 when written, 0
-/// when refused (then nothing is).
+/// One session write as one statement (`history_write`, [`prepare_sql`]): the row's
+/// update, refused unless `row.version` follows the stored version, and the transcript
+/// rows and copies added and dropped, each only if the update happened (they read its
+/// result). It answers 1 when written, 0 when refused (then nothing is).
 fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
     let Some(row) = write.row else {
         return Err(StoreError::new("a session write needs its row"));
     };
-    let id = lit(&row.id);
-    let mut sql = format!(
-        "WITH u AS (UPDATE sessions SET model = {}, effective_ctx = {}, turn = {}, transcript_len = {}, \
-         cleared_at = {}, expiration_override = {}, last_active = {}, next_copy = {}, working = {}, \
-         sent = {}, version = {} WHERE id = {id} AND version = {} RETURNING id)",
+    let transcript = write.transcript;
+    let copies = write.new_copies;
+    Ok(format!(
+        "EXECUTE history_write({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+        lit(&row.id),
         lit(&row.model),
         row.effective_ctx as i64,
         row.turn as i64,
@@ -351,61 +436,28 @@ fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
         lit(&encode_working(write.working)),
         opt_lit(write.sent),
         row.version as i64,
-        row.version as i64 - 1,
-    );
-    if !write.transcript.is_empty() {
-        let values: Vec<String> = write
-            .transcript
-            .iter()
-            .map(|t| {
-                format!(
-                    "({}::bigint, {}::bigint, {}::text)",
-                    t.seq as i64,
-                    t.turn as i64,
-                    lit(&t.message)
-                )
-            })
-            .collect();
-        sql.push_str(&format!(
-            ", t AS (INSERT INTO transcript (session_id, seq, turn, message) \
-             SELECT u.id, v.seq, v.turn, v.message FROM u, (VALUES {}) AS v(seq, turn, message))",
-            values.join(", ")
-        ));
-    }
-    if !write.new_copies.is_empty() {
-        let values: Vec<String> = write
-            .new_copies
-            .iter()
-            .map(|c| {
-                let seq = c
-                    .seq
-                    .map_or_else(|| "NULL".to_string(), |s| (s as i64).to_string());
-                format!(
-                    "({}::bigint, {seq}::bigint, {}::text)",
-                    c.key as i64,
-                    lit(&c.message)
-                )
-            })
-            .collect();
-        sql.push_str(&format!(
-            ", c AS (INSERT INTO working_copies (session_id, key, seq, message) \
-             SELECT u.id, v.key, v.seq, v.message FROM u, (VALUES {}) AS v(key, seq, message))",
-            values.join(", ")
-        ));
-    }
-    if !write.dropped_copies.is_empty() {
-        let keys: Vec<String> = write
-            .dropped_copies
-            .iter()
-            .map(|k| (*k as i64).to_string())
-            .collect();
-        sql.push_str(&format!(
-            ", d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key IN ({}))",
-            keys.join(", ")
-        ));
-    }
-    sql.push_str(" SELECT count(*) FROM u");
-    Ok(sql)
+        numbers(transcript.iter().map(|t| Some(t.seq))),
+        numbers(transcript.iter().map(|t| Some(t.turn))),
+        texts(transcript.iter().map(|t| t.message.as_str())),
+        numbers(copies.iter().map(|c| Some(c.key))),
+        numbers(copies.iter().map(|c| c.seq)),
+        texts(copies.iter().map(|c| c.message.as_str())),
+        numbers(write.dropped_copies.iter().copied().map(Some)),
+    ))
+}
+
+/// Numbers (NULL for `None`) as an SQL `bigint[]` literal.
+fn numbers(values: impl Iterator<Item = Option<u64>>) -> String {
+    let items: Vec<String> = values
+        .map(|v| v.map_or_else(|| "NULL".to_string(), |v| (v as i64).to_string()))
+        .collect();
+    format!("'{{{}}}'::bigint[]", items.join(","))
+}
+
+/// Texts as an SQL `text[]` value, each an escaped literal.
+fn texts<'a>(values: impl Iterator<Item = &'a str>) -> String {
+    let items: Vec<String> = values.map(lit).collect();
+    format!("ARRAY[{}]::text[]", items.join(", "))
 }
 
 fn refused(write: &SessionWrite<'_>) -> StoreError {
@@ -432,32 +484,61 @@ fn commit_on(c: &mut postgres::Client, write: &SessionWrite<'_>) -> Result<(), S
 }
 
 /// The statements that read session `id` (its row, then the transcript rows and copies
-/// its working and sent histories reference) when its stored version is not `known`
-/// (`None`: always). The references are expanded by the server from the row itself, so
-/// the row and its messages come back in one round trip: runs `a-b` and single `n` are
-/// transcript rows; copies (`cK`) and whole messages (`mN`) are not. A copy's table is
-/// read whole: it holds only the copies the session's histories use.
-fn read_statements(id: &str, known: Option<u64>) -> String {
+/// its working and sent histories reference) when its stored version is not the one the
+/// host holds (`held`; `None`: always), leaving out the messages the host holds. The
+/// references are expanded by the server from the row itself (`history_read_*`,
+/// [`prepare_sql`]), so the row and its messages come back in one round trip.
+fn read_statements(id: &str, held: Option<&HostCopy>) -> String {
     let id = lit(id);
-    let changed = |table: &str| match known {
-        Some(version) => format!("{table}version <> {}", version as i64),
-        None => "true".to_string(),
+    let (version, seqs, keys) = match held {
+        Some(held) => {
+            let mut seqs: Vec<WorkingRef> = held
+                .refs
+                .iter()
+                .filter(|r| matches!(r, WorkingRef::Transcript(_)))
+                .copied()
+                .collect();
+            seqs.sort_unstable_by_key(|r| match r {
+                WorkingRef::Transcript(seq) => *seq,
+                WorkingRef::Copy(key) => *key,
+            });
+            seqs.dedup();
+            let keys = held.refs.iter().filter_map(|r| match r {
+                WorkingRef::Copy(key) => Some(Some(*key)),
+                WorkingRef::Transcript(_) => None,
+            });
+            (
+                (held.version as i64).to_string(),
+                lit(&encode_working(&seqs)),
+                numbers(keys),
+            )
+        }
+        None => ("NULL".to_string(), "''".to_string(), numbers(std::iter::empty())),
     };
-    let (changed, s_changed) = (changed(""), changed("s."));
     format!(
-        "SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = {id} AND {changed}; \
-         SELECT t.seq, t.message FROM transcript t WHERE t.session_id = {id} AND t.seq IN ( \
-           SELECT generate_series(split_part(item, '-', 1)::bigint, \
-                  COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint) \
-           FROM sessions s, unnest(string_to_array(s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
-           WHERE s.id = {id} AND {s_changed} AND item ~ '^[0-9]'); \
-         SELECT key, seq, message FROM working_copies WHERE session_id = {id} \
-           AND EXISTS (SELECT 1 FROM sessions WHERE id = {id} AND {changed})"
+        "EXECUTE history_read_row({id}, {version}); \
+         EXECUTE history_read_transcript({id}, {version}, {seqs}); \
+         EXECUTE history_read_copies({id}, {version}, {keys})"
+    )
+}
+
+/// A query of the transcript seqs that `list`, an SQL text of references as
+/// [`encode_working`] writes them, names: each run `a-b` expanded, copies and whole
+/// messages left out.
+fn transcript_seqs(list: &str) -> String {
+    format!(
+        "SELECT generate_series(split_part(item, '-', 1)::bigint, \
+                COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint) \
+         FROM unnest(string_to_array({list}, ',')) AS item WHERE item ~ '^[0-9]'"
     )
 }
 
 /// A session from the answers of [`read_statements`]; `None` if its row is not there.
-fn session_of(id: &str, answers: &[Vec<SimpleQueryRow>]) -> Result<Option<StoredSession>, StoreError> {
+fn session_of(
+    id: &str,
+    answers: &[Vec<SimpleQueryRow>],
+    held: Option<&HostCopy>,
+) -> Result<Option<StoredSession>, StoreError> {
     let [rows, transcript_rows, copy_rows] = answers else {
         return Err(StoreError::new(
             "the store answered an unexpected number of results",
@@ -493,12 +574,18 @@ fn session_of(id: &str, answers: &[Vec<SimpleQueryRow>]) -> Result<Option<Stored
         };
         copies.insert(num(c, 0)?, (seq, text(c, 2)?));
     }
+    let held_refs: std::collections::HashSet<WorkingRef> =
+        held.map(|h| h.refs.iter().copied().collect()).unwrap_or_default();
     let mut working = Vec::with_capacity(refs.len());
     for r in refs {
         let found = match r {
-            WorkingRef::Transcript(seq) => transcript.get(&seq).map(|m| (Some(seq), m.clone())),
-            WorkingRef::Copy(key) => copies.get(&key).cloned(),
+            WorkingRef::Transcript(seq) => transcript.get(&seq).map(|m| (Some(seq), Some(m.clone()))),
+            WorkingRef::Copy(key) => copies.get(&key).map(|(seq, m)| (*seq, Some(m.clone()))),
         };
+        let found = found.or_else(|| {
+            // Left out of the read: the host holds it (its seq is the host's too).
+            held_refs.contains(&r).then_some((None, None))
+        });
         let Some((seq, message)) = found else {
             return Err(StoreError::new(format!(
                 "session {id}: working history entry {r:?} is missing"
@@ -506,7 +593,7 @@ fn session_of(id: &str, answers: &[Vec<SimpleQueryRow>]) -> Result<Option<Stored
         };
         working.push((r, seq, message));
     }
-    let sent = resolve_sent(sent, &working, |r| {
+    let sent = resolve_sent(sent, &working, held, |r| {
         Ok(match r {
             WorkingRef::Transcript(seq) => transcript.get(&seq).cloned(),
             WorkingRef::Copy(key) => copies.get(&key).map(|(_, m)| m.clone()),
@@ -528,6 +615,7 @@ fn load_on(c: &mut postgres::Client, id: &str) -> Result<Option<StoredSession>, 
         answers
             .get(1..answers.len().saturating_sub(1))
             .unwrap_or_default(),
+        None,
     )
 }
 
@@ -563,17 +651,17 @@ impl SessionLock for PgLock {
         if write.row.is_some_and(|r| r.id != self.id) {
             return Err(StoreError::new("a session lock commits its own session only"));
         }
-        let key = session_key(&self.id);
+        let id = lit(&self.id);
         let relock = if self.released {
             format!(
-                "SET lock_timeout = {}; SELECT pg_advisory_lock({key}); RESET lock_timeout; ",
+                "SET lock_timeout = {}; EXECUTE history_lock({id}); RESET lock_timeout; ",
                 self.lock_wait.as_millis().max(1)
             )
         } else {
             String::new()
         };
         let sql = format!(
-            "{relock}BEGIN; {}; COMMIT; SELECT pg_advisory_unlock({key})",
+            "{relock}BEGIN; {}; COMMIT; EXECUTE history_unlock({id})",
             write_statement(write)?
         );
         match batch(&mut self.connection, &sql) {
@@ -596,7 +684,7 @@ impl SessionLock for PgLock {
                 // released the lock): roll back and give the lock back.
                 let _ = batch(
                     &mut self.connection,
-                    &format!("ROLLBACK; SELECT pg_advisory_unlock({key})"),
+                    &format!("ROLLBACK; EXECUTE history_unlock({id})"),
                 );
                 self.released = true;
                 Err(err(e))
@@ -613,15 +701,11 @@ impl Drop for PgLock {
         // On a lost connection the server has released the lock already.
         let _ = batch(
             &mut self.connection,
-            &format!("SELECT pg_advisory_unlock({})", session_key(&self.id)),
+            &format!("EXECUTE history_unlock({})", lit(&self.id)),
         );
     }
 }
 
-/// Session `id`'s advisory lock key, computed by the server.
-fn session_key(id: &str) -> String {
-    format!("hashtextextended('history-session:' || {}, 0)", lit(id))
-}
 impl Store for PgStore {
     fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
         insert(&mut *self.connection()?, row)
@@ -772,14 +856,14 @@ impl Store for PgStore {
     /// what was committed before it was taken (READ COMMITTED takes a snapshot per
     /// statement). A connection found closed (the database restarted since it was pooled)
     /// is dropped and the lock asked once more on a fresh one.
-    fn lock(&self, id: &str, known: Option<u64>) -> Result<Locked, StoreError> {
+    fn lock(&self, id: &str, held: Option<&HostCopy>) -> Result<Locked, StoreError> {
         let sql = format!(
-            "SET lock_timeout = {}; SELECT pg_advisory_lock({}); RESET lock_timeout; \
-             SELECT version FROM sessions WHERE id = {}; {}",
+            "SET lock_timeout = {}; EXECUTE history_lock({}); RESET lock_timeout; \
+             EXECUTE history_version({}); {}",
             self.lock_wait.as_millis().max(1),
-            session_key(id),
             lit(id),
-            read_statements(id, known),
+            lit(id),
+            read_statements(id, held),
         );
         let mut attempt = 0;
         let (c, answers) = loop {
@@ -800,7 +884,7 @@ impl Store for PgStore {
             .map(|r| num(r, 0))
             .transpose()?;
         let read = match answers.get(4..) {
-            Some(reads) => session_of(id, reads)?,
+            Some(reads) => session_of(id, reads, held)?,
             None => return Err(StoreError::new("the store answered too few results")),
         };
         Ok(Locked::Held(Box::new(PgLock {

@@ -477,7 +477,7 @@ impl Store for SqliteStore {
                         "session {id}: working history entry {r:?} is missing"
                     )));
                 };
-                messages.push((r, seq, message));
+                messages.push((r, seq, Some(message)));
             }
         }
         let sent = {
@@ -487,7 +487,7 @@ impl Store for SqliteStore {
             let mut copies = tx
                 .prepare_cached("SELECT message FROM working_copies WHERE session_id = ?1 AND key = ?2")
                 .map_err(err)?;
-            resolve_sent(sent, &messages, |r| {
+            resolve_sent(sent, &messages, None, |r| {
                 let (statement, n) = match r {
                     WorkingRef::Transcript(seq) => (&mut transcript, seq),
                     WorkingRef::Copy(key) => (&mut copies, key),
@@ -647,12 +647,12 @@ mod tests {
                 (
                     WorkingRef::Transcript(1),
                     Some(1),
-                    r#"{"role":"user","content":"q"}"#.into()
+                    Some(r#"{"role":"user","content":"q"}"#.into())
                 ),
                 (
                     WorkingRef::Copy(1),
                     Some(2),
-                    r#"{"role":"assistant","content":"[Omitted]"}"#.into()
+                    Some(r#"{"role":"assistant","content":"[Omitted]"}"#.into())
                 ),
             ]
         );

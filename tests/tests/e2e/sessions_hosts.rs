@@ -297,3 +297,119 @@ fn a_database_outage_is_a_503_then_turns_recover_and_nothing_acknowledged_is_los
     }
     assert_eq!(host.stop().code(), Some(0));
 }
+
+/// A host that finds a session changed by another host reads it back with the session's
+/// lock, and the read leaves out the messages the host holds already: only the new
+/// transcript rows and copies come back (docs/scaling-out.md#what-is-shared-what-each-host-keeps).
+#[test]
+fn a_read_back_leaves_out_the_messages_the_host_holds() {
+    use history_sessions::store::{
+        CopyRow, HostCopy, Locked, SessionRow, SessionWrite, TranscriptRow, WorkingRef::*,
+    };
+    if postgres_url("sessions_hosts::a_read_back_leaves_out_the_messages_the_host_holds").is_none() {
+        return;
+    }
+    let config = shipped_config("", &[]);
+    let test_store = TestStore::new(Kind::Postgres, &config);
+    let store = test_store.open();
+    let message = |seq: u64| format!(r#"{{"role":"user","content":"message {seq}"}}"#);
+    let transcript = |seqs: std::ops::RangeInclusive<u64>| -> Vec<TranscriptRow> {
+        seqs.map(|seq| TranscriptRow {
+            seq,
+            turn: seq.div_ceil(2),
+            message: message(seq),
+        })
+        .collect()
+    };
+    let mut row = SessionRow {
+        id: "s".into(),
+        model: "local-8k".into(),
+        effective_ctx: 8192,
+        turn: 0,
+        transcript_len: 0,
+        cleared_at: 0,
+        expiration_override: None,
+        created_at: 1,
+        last_active: 1,
+        next_copy: 1,
+        version: 0,
+    };
+    store.create(&row).unwrap();
+    // Turn 1, as this host ran it: it holds messages 1 and 2.
+    row.turn = 1;
+    row.transcript_len = 2;
+    row.version = 1;
+    store
+        .commit(&SessionWrite {
+            row: Some(&row),
+            transcript: &transcript(1..=2),
+            working: &[Transcript(1), Transcript(2)],
+            sent: Some("1-2"),
+            ..Default::default()
+        })
+        .unwrap();
+    let held = HostCopy {
+        version: 1,
+        refs: vec![Transcript(1), Transcript(2)],
+    };
+    // Turn 2, run by another host: message 2 became a copy, 3 and 4 entered, and the sent
+    // history holds a message of its own.
+    row.turn = 2;
+    row.transcript_len = 4;
+    row.next_copy = 2;
+    row.version = 2;
+    let copy = r#"{"role":"user","content":"[Omitted]"}"#;
+    let inline = r#"{"role":"system","content":"shown once"}"#;
+    store
+        .commit(&SessionWrite {
+            row: Some(&row),
+            transcript: &transcript(3..=4),
+            working: &[Transcript(1), Copy(1), Transcript(3), Transcript(4)],
+            new_copies: &[CopyRow {
+                key: 1,
+                seq: Some(2),
+                message: copy.into(),
+            }],
+            sent: Some(&format!("m0,1,c1,3-4,2\n{inline}")),
+            ..Default::default()
+        })
+        .unwrap();
+
+    let Locked::Held(mut lock) = store.lock("s", Some(&held)).unwrap() else {
+        panic!("a shared store locks");
+    };
+    assert_eq!(lock.version(), Some(2));
+    let read = lock.load().unwrap().expect("the session");
+    drop(lock);
+    assert_eq!(read.row, row);
+    assert_eq!(
+        read.working,
+        [
+            (Transcript(1), None, None),
+            (Copy(1), Some(2), Some(copy.to_string())),
+            (Transcript(3), Some(3), Some(message(3))),
+            (Transcript(4), Some(4), Some(message(4))),
+        ],
+        "held messages are left out; the new ones come back"
+    );
+    let (encoded, sent) = read.sent.expect("a sent history");
+    assert_eq!(encoded, format!("m0,1,c1,3-4,2\n{inline}"));
+    assert_eq!(
+        sent,
+        [Some(inline.to_string()), None, None, None, None, None],
+        "the sent history's references are the working history's or held"
+    );
+
+    // Without a host copy (a host that has not loaded the session), everything is read.
+    let Locked::Held(mut lock) = store.lock("s", None).unwrap() else {
+        panic!("a shared store locks");
+    };
+    let read = lock.load().unwrap().expect("the session");
+    drop(lock);
+    assert!(read.working.iter().all(|(_, _, text)| text.is_some()));
+    assert_eq!(
+        read.sent.unwrap().1[5],
+        Some(message(2)),
+        "message 2 is only the sent history's"
+    );
+}
