@@ -187,6 +187,7 @@ impl PgStore {
         // The schema first, on a connection of its own: the pool's connections prepare
         // their statements against it as they open.
         let mut first = config.connect(NoTls).map_err(|e| unreachable(&e))?;
+        check_version(&mut first)?;
         migrate(&mut first)?;
         drop(first);
         let pool = r2d2::Pool::builder()
@@ -213,6 +214,23 @@ impl PgStore {
             .expect("the pool is there until the store is dropped")
             .get()
             .map_err(pool_err)
+    }
+}
+
+/// The oldest PostgreSQL the store runs on: its reads subtract multiranges (14).
+const OLDEST_SERVER: u32 = 140_000;
+
+/// Refuses a server older than [`OLDEST_SERVER`], naming both versions.
+fn check_version(c: &mut postgres::Client) -> Result<(), StoreError> {
+    let row = c.query_one("SHOW server_version_num", &[]).map_err(err)?;
+    let version: String = row.get(0);
+    match version.parse::<u32>() {
+        Ok(number) if number < OLDEST_SERVER => Err(StoreError::new(format!(
+            "PostgreSQL {}.{} is too old: the store needs PostgreSQL 14 or later",
+            number / 10_000,
+            number % 10_000
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -269,20 +287,22 @@ const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript_len, clear
 fn prepare_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
-        let wanted = transcript_seqs("s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), '')");
-        let held = transcript_seqs("$3");
         format!(
-            "SET plan_cache_mode = force_generic_plan; \
+            "SET jit = off; SET plan_cache_mode = force_generic_plan; \
              PREPARE history_lock(text) AS SELECT pg_advisory_lock({SESSION_KEY}); \
              PREPARE history_unlock(text) AS SELECT pg_advisory_unlock({SESSION_KEY}); \
              PREPARE history_version(text) AS SELECT version FROM sessions WHERE id = $1; \
              PREPARE history_read_row(text, bigint) AS \
                SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2; \
-             PREPARE history_read_transcript(text, bigint, text) AS \
-               SELECT t.seq, t.message FROM transcript t WHERE t.session_id = $1 AND t.seq IN ( \
-                 SELECT seq FROM sessions s, LATERAL ({wanted}) AS wanted(seq) \
-                 WHERE s.id = $1 AND s.version IS DISTINCT FROM $2) \
-               AND t.seq NOT IN ({held}); \
+             PREPARE history_read_transcript(text, bigint, int8multirange) AS \
+               SELECT n.seq, (SELECT message FROM transcript WHERE session_id = $1 AND seq = n.seq) \
+               FROM (SELECT range_agg(int8range(split_part(item, '-', 1)::bigint, \
+                         COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint, '[]')) \
+                     FROM sessions s, unnest(string_to_array( \
+                         s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
+                     WHERE s.id = $1 AND s.version IS DISTINCT FROM $2 AND item ~ '^[0-9]') AS w(wanted), \
+                 LATERAL unnest(w.wanted - $3) AS r(run), \
+                 LATERAL generate_series(lower(r.run), upper(r.run) - 1) AS n(seq); \
              PREPARE history_read_copies(text, bigint, bigint[]) AS \
                SELECT key, seq, message FROM working_copies WHERE session_id = $1 AND key <> ALL($3) \
                AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2); \
@@ -492,28 +512,25 @@ fn read_statements(id: &str, held: Option<&HostCopy>) -> String {
     let id = lit(id);
     let (version, seqs, keys) = match held {
         Some(held) => {
-            let mut seqs: Vec<WorkingRef> = held
-                .refs
-                .iter()
-                .filter(|r| matches!(r, WorkingRef::Transcript(_)))
-                .copied()
-                .collect();
-            seqs.sort_unstable_by_key(|r| match r {
-                WorkingRef::Transcript(seq) => *seq,
-                WorkingRef::Copy(key) => *key,
+            let seqs = held.refs.iter().filter_map(|r| match r {
+                WorkingRef::Transcript(seq) => Some(*seq),
+                WorkingRef::Copy(_) => None,
             });
-            seqs.dedup();
             let keys = held.refs.iter().filter_map(|r| match r {
                 WorkingRef::Copy(key) => Some(Some(*key)),
                 WorkingRef::Transcript(_) => None,
             });
             (
                 (held.version as i64).to_string(),
-                lit(&encode_working(&seqs)),
+                seq_ranges(seqs.collect()),
                 numbers(keys),
             )
         }
-        None => ("NULL".to_string(), "''".to_string(), numbers(std::iter::empty())),
+        None => (
+            "NULL".to_string(),
+            seq_ranges(Vec::new()),
+            numbers(std::iter::empty()),
+        ),
     };
     format!(
         "EXECUTE history_read_row({id}, {version}); \
@@ -522,15 +539,23 @@ fn read_statements(id: &str, held: Option<&HostCopy>) -> String {
     )
 }
 
-/// A query of the transcript seqs that `list`, an SQL text of references as
-/// [`encode_working`] writes them, names: each run `a-b` expanded, copies and whole
-/// messages left out.
-fn transcript_seqs(list: &str) -> String {
-    format!(
-        "SELECT generate_series(split_part(item, '-', 1)::bigint, \
-                COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint) \
-         FROM unnest(string_to_array({list}, ',')) AS item WHERE item ~ '^[0-9]'"
-    )
+/// Transcript seqs as an SQL `int8multirange` literal: each run of consecutive seqs one
+/// range, so the server subtracts what a host holds from what a session references in a
+/// few range operations, however long the session.
+fn seq_ranges(mut seqs: Vec<u64>) -> String {
+    seqs.sort_unstable();
+    seqs.dedup();
+    let mut ranges = Vec::new();
+    let mut i = 0;
+    while i < seqs.len() {
+        let mut j = i;
+        while j + 1 < seqs.len() && seqs[j + 1] == seqs[j] + 1 {
+            j += 1;
+        }
+        ranges.push(format!("[{},{}]", seqs[i] as i64, seqs[j] as i64));
+        i = j + 1;
+    }
+    format!("'{{{}}}'::int8multirange", ranges.join(","))
 }
 
 /// A session from the answers of [`read_statements`]; `None` if its row is not there.
@@ -959,6 +984,16 @@ impl Store for PgStore {
 #[cfg(test)]
 mod tests {
     use super::hide_password as shown;
+
+    #[test]
+    fn held_seqs_are_sent_as_runs() {
+        use super::seq_ranges;
+        assert_eq!(seq_ranges(vec![]), "'{}'::int8multirange");
+        assert_eq!(
+            seq_ranges(vec![7, 1, 2, 3, 9, 10, 2]),
+            "'{[1,3],[7,7],[9,10]}'::int8multirange"
+        );
+    }
 
     #[test]
     fn a_url_is_shown_without_its_password() {
