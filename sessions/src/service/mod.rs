@@ -12,24 +12,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use agentctl::edit::Edit;
-use history_engine::reload::{config_hash, load_shadowed, Watcher};
+use history_engine::reload::{load_shadowed, Watcher};
 use history_engine::shadow::ShadowLibraries;
 use history_engine::{Config, SharedChain};
 use serde_json::{json, Value};
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::answers::{event_json, message_json, switch_json};
 use crate::clock::{new_session_id, now_ms, rfc3339};
-use crate::commands::Command;
 use crate::error::{ErrorKind, SessionError};
 use crate::metrics::Metrics;
 use crate::reload::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
-use crate::store::{
-    self, HostCopy, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError, StoredSession,
-    TranscriptRow,
-};
+use crate::store::{self, Locked, SessionRow, Store, StoreError, TranscriptRow};
+
+mod settings;
+mod stores;
+mod upkeep;
+
+use stores::{LockedStore, TimedStore};
 
 /// How long a turn waits for the session's previous turn by default.
 const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(30);
@@ -102,113 +102,6 @@ pub struct Options {
     pub config_file: PathBuf,
     /// Overrides the configuration's `store`.
     pub store: Option<PathBuf>,
-}
-
-/// A store that times its transactions.
-struct TimedStore {
-    inner: Box<dyn Store>,
-    metrics: Arc<Metrics>,
-}
-
-impl TimedStore {
-    fn timed<T>(&self, f: impl FnOnce(&dyn Store) -> T) -> T {
-        let started = Instant::now();
-        let result = f(&*self.inner);
-        self.metrics.store(started.elapsed().as_secs_f64());
-        result
-    }
-}
-
-/// The store as an operation on a session of a shared store sees it: its writes go
-/// through the session's lock (its connection), everything else to the store.
-struct LockedStore<'a> {
-    store: &'a dyn Store,
-    lock: Mutex<Box<dyn SessionLock>>,
-    metrics: &'a Metrics,
-}
-
-impl Store for LockedStore<'_> {
-    fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
-        self.store.create(row)
-    }
-    fn commit(&self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let result = self.lock.lock().unwrap_or_else(|e| e.into_inner()).commit(write);
-        self.metrics.store(started.elapsed().as_secs_f64());
-        result
-    }
-    fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {
-        self.store.set_effective_ctx(sessions)
-    }
-    fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        self.store.delete(id)
-    }
-    fn sessions(&self) -> Result<Vec<(SessionRow, usize)>, StoreError> {
-        self.store.sessions()
-    }
-    fn load(&self, id: &str) -> Result<Option<StoredSession>, StoreError> {
-        self.store.load(id)
-    }
-    fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError> {
-        self.store.transcript(id, from, limit)
-    }
-    fn check_writable(&self) -> Result<(), StoreError> {
-        self.store.check_writable()
-    }
-    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
-        self.store.summary(key)
-    }
-    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
-        self.store.put_summary(key, summary)
-    }
-}
-
-impl Store for TimedStore {
-    fn create(&self, row: &SessionRow) -> Result<(), StoreError> {
-        self.timed(|s| s.create(row))
-    }
-    fn commit(&self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
-        self.timed(|s| s.commit(write))
-    }
-    fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {
-        self.timed(|s| s.set_effective_ctx(sessions))
-    }
-    fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        self.timed(|s| s.delete(id))
-    }
-    fn sessions(&self) -> Result<Vec<(SessionRow, usize)>, StoreError> {
-        self.inner.sessions()
-    }
-    fn load(&self, id: &str) -> Result<Option<StoredSession>, StoreError> {
-        self.inner.load(id)
-    }
-    fn transcript(&self, id: &str, from: u64, limit: u64) -> Result<Vec<TranscriptRow>, StoreError> {
-        self.inner.transcript(id, from, limit)
-    }
-    fn check_writable(&self) -> Result<(), StoreError> {
-        self.inner.check_writable()
-    }
-    fn summary(&self, key: &str) -> Result<Option<String>, StoreError> {
-        self.timed(|s| s.summary(key))
-    }
-    fn put_summary(&self, key: &str, summary: &str) -> Result<(), StoreError> {
-        self.timed(|s| s.put_summary(key, summary))
-    }
-    fn shared(&self) -> bool {
-        self.inner.shared()
-    }
-    fn lock(&self, id: &str, held: Option<&HostCopy>) -> Result<Locked, StoreError> {
-        self.inner.lock(id, held)
-    }
-    fn create_limited(&self, row: &SessionRow, max_users: u64) -> Result<Result<(), u64>, StoreError> {
-        self.timed(|s| s.create_limited(row, max_users))
-    }
-    fn reap(&self, cutoff_ms: u64) -> Result<Vec<String>, StoreError> {
-        self.timed(|s| s.reap(cutoff_ms))
-    }
-    fn row(&self, id: &str) -> Result<Option<(SessionRow, usize)>, StoreError> {
-        self.inner.row(id)
-    }
 }
 
 /// The session service. Hot reload (`crate::reload`) swaps its configuration and chain.
@@ -645,49 +538,6 @@ impl Service {
         })
     }
 
-    /// Past `session_memory_mb` MiB of sessions in memory, puts the least recently
-    /// active ones out of memory until they hold 90% of it, so this is not done again at
-    /// once (docs/sessions.md#memory). A session is only put out between its operations
-    /// (one running keeps it), and what is in memory is what is stored, so the next
-    /// operation reads it back as a restart would. 0: no limit.
-    fn keep_within_memory(&self, memory_mb: u64) {
-        let budget = usize::try_from(memory_mb)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(1 << 20);
-        if budget == 0 {
-            return;
-        }
-        let resident: Vec<(u64, usize, Arc<Slot>)> = self
-            .slots()
-            .values()
-            .filter_map(|slot| {
-                let bytes = slot.resident.load(Ordering::Relaxed);
-                (bytes > 0).then(|| (slot.info().last_active, bytes, slot.clone()))
-            })
-            .collect();
-        let mut total: usize = resident.iter().map(|(_, bytes, _)| bytes).sum();
-        if total <= budget {
-            return;
-        }
-        let mut oldest_first = resident;
-        oldest_first.sort_unstable_by_key(|(last_active, ..)| *last_active);
-        let mut put_out = 0;
-        for (_, _, slot) in oldest_first {
-            if total <= budget / 10 * 9 {
-                break;
-            }
-            let Ok(mut state) = slot.state.try_lock() else {
-                continue;
-            };
-            if state.take().is_some() {
-                total = total.saturating_sub(slot.resident.swap(0, Ordering::Relaxed));
-                put_out += 1;
-            }
-        }
-        self.metrics.sessions_put_out(put_out);
-        tracing::debug!("{put_out} sessions put out of memory past session_memory_mb = {memory_mb}");
-    }
-
     /// One turn (docs/sessions.md#a-turn).
     pub async fn turn(self: &Arc<Self>, id: &str, input: TurnInput) -> Result<TurnOutcome, SessionError> {
         self.counted_turn(id, move |session, env| session.turn(env, input))
@@ -824,244 +674,6 @@ impl Service {
         })
         .await
         .unwrap_or_else(|e| Err(SessionError::new(ErrorKind::Store, e.to_string())))
-    }
-
-    /// Ends a session and deletes what is stored of it.
-    pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), SessionError> {
-        let slot = self.find(id).await?;
-        let _guard = tokio::time::timeout(self.turn_wait, slot.state.clone().lock_owned())
-            .await
-            .map_err(|_| SessionError::new(ErrorKind::Busy, format!("session \"{id}\" is busy")))?;
-        self.close(id, &slot).await?;
-        tracing::info!(session = %id, "session deleted");
-        Ok(())
-    }
-
-    /// Removes a session whose lock the caller holds.
-    async fn close(self: &Arc<Self>, id: &str, slot: &Arc<Slot>) -> Result<(), SessionError> {
-        if slot.closed.swap(true, Ordering::SeqCst) {
-            return Err(SessionError::not_found(id));
-        }
-        let service = self.clone();
-        let owned = id.to_string();
-        let deleted = tokio::task::spawn_blocking(move || service.store.delete(&owned))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::new(e.to_string())));
-        if let Err(e) = deleted {
-            slot.closed.store(false, Ordering::SeqCst);
-            return Err(e.into());
-        }
-        self.slots().remove(id);
-        Ok(())
-    }
-
-    /// The idle timeout in milliseconds (0 = never reap).
-    pub fn idle_timeout_ms(&self) -> u64 {
-        self.idle_timeout_ms.load(Ordering::SeqCst)
-    }
-
-    /// Closes every session idle longer than the idle timeout (a running turn keeps its
-    /// session). Returns how many.
-    pub async fn reap_idle(self: &Arc<Self>) -> usize {
-        let timeout = self.idle_timeout_ms();
-        if timeout == 0 {
-            return 0;
-        }
-        let now = now_ms();
-        if self.store.shared() {
-            return self.reap_shared(now.saturating_sub(timeout), timeout).await;
-        }
-        let idle: Vec<(String, Arc<Slot>)> = self
-            .slots()
-            .iter()
-            .filter(|(_, slot)| now.saturating_sub(slot.info().last_active) > timeout)
-            .map(|(id, slot)| (id.clone(), slot.clone()))
-            .collect();
-        let mut reaped = 0;
-        for (id, slot) in idle {
-            let Ok(_guard) = slot.state.clone().try_lock_owned() else {
-                continue;
-            };
-            let idle_ms = now.saturating_sub(slot.info().last_active);
-            if idle_ms <= timeout {
-                continue;
-            }
-            match self.close(&id, &slot).await {
-                Ok(()) => {
-                    reaped += 1;
-                    tracing::info!(
-                        session = %id,
-                        "session reaped: idle {:.1} s, past the idle timeout of {:.1} s",
-                        idle_ms as f64 / 1000.0,
-                        timeout as f64 / 1000.0
-                    );
-                }
-                Err(e) => tracing::warn!(session = %id, "cannot reap the session: {e}"),
-            }
-        }
-        reaped
-    }
-
-    /// The reaper on a shared store: the store deletes what is idle and not in use on
-    /// any host; every host runs it, and no two reap the same session.
-    async fn reap_shared(self: &Arc<Self>, cutoff: u64, timeout: u64) -> usize {
-        let service = self.clone();
-        let reaped = tokio::task::spawn_blocking(move || service.store.reap(cutoff))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::new(e.to_string())));
-        let reaped = match reaped {
-            Ok(reaped) => reaped,
-            Err(e) => {
-                tracing::warn!("cannot reap idle sessions: {e}");
-                return 0;
-            }
-        };
-        for id in &reaped {
-            if let Some(slot) = self.slots().remove(id) {
-                slot.closed.store(true, Ordering::SeqCst);
-            }
-            tracing::info!(
-                session = %id,
-                "session reaped: idle past the idle timeout of {:.1} s",
-                timeout as f64 / 1000.0
-            );
-        }
-        reaped.len()
-    }
-
-    /// Runs the reaper until the service shuts down: it looks every quarter of the idle
-    /// timeout (between 50 ms and 30 s).
-    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let service = self.clone();
-        tokio::spawn(async move {
-            while !service.is_shutting_down() {
-                let timeout = service.idle_timeout_ms();
-                let every = if timeout == 0 {
-                    1000
-                } else {
-                    (timeout / 4).clamp(50, 30_000)
-                };
-                tokio::time::sleep(Duration::from_millis(every)).await;
-                service.reap_idle().await;
-            }
-        })
-    }
-
-    /// Runs a runtime command on session `id` (docs/sessions.md#runtime-commands).
-    pub async fn command(self: &Arc<Self>, id: &str, command: Command) -> Result<Value, SessionError> {
-        self.refuse_if_shutting_down()?;
-        self.find(id).await?;
-        match command {
-            Command::Model(model) => {
-                let outcome = self.switch_model(id, model).await?;
-                Ok(switch_json(&outcome))
-            }
-            Command::MaxCtx { value, temporary } => {
-                if !temporary {
-                    self.edit_config(Edit::MaxCtx(value)).await?;
-                }
-                let updated = self.set_agent_max_ctx(value).await?;
-                Ok(json!({
-                    "agent_max_ctx": value,
-                    "written": !temporary,
-                    "sessions_updated": updated,
-                    "effective_ctx": self.info(id)?.effective_ctx,
-                }))
-            }
-            Command::MaxUsers(value) => {
-                self.edit_config(Edit::MaxUsers(value)).await?;
-                self.change_config(|c| c.max_users = value);
-                Ok(json!({"max_users": value, "written": true}))
-            }
-            Command::SessionTimeout(minutes) => {
-                self.edit_config(Edit::SessionTimeout(minutes)).await?;
-                self.change_config(|c| c.session_idle_timeout_minutes = minutes);
-                self.idle_timeout_ms.store(minutes * 60_000, Ordering::SeqCst);
-                Ok(json!({"session_idle_timeout_minutes": minutes, "written": true}))
-            }
-            Command::Expand(target) => {
-                let (index, message, event) = self
-                    .with_session(id, move |session, env| session.expand(env, &target))
-                    .await?;
-                Ok(json!({
-                    "index": index,
-                    "message": message_json(&message),
-                    "event": event_json("host", &event),
-                }))
-            }
-            Command::History => {
-                self.with_session(id, |session, _| {
-                    Ok(json!({
-                        "working_size": session.working().len(),
-                        "lines": session.history_lines(),
-                    }))
-                })
-                .await
-            }
-            Command::Clear => {
-                self.with_session(id, |session, env| {
-                    session.clear(env)?;
-                    Ok(json!({"working_size": 0, "cleared_at": session.row.cleared_at}))
-                })
-                .await
-            }
-        }
-    }
-
-    /// Writes a host-wide setting to the configuration file as agentctl does (its
-    /// validation loading the libraries from this host's shadow copies). The file written
-    /// is remembered as the running configuration's when the file it edited was, so hot
-    /// reload does not reload for this host's own write (docs/chain.md#hot-reload).
-    async fn edit_config(self: &Arc<Self>, edit: Edit) -> Result<(), SessionError> {
-        let service = self.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            let loading = agentctl::edit::Loading::Shadowed(service.libraries.clone());
-            let outcome = agentctl::edit::run(&service.config_file, &edit, loading, &|| {})?;
-            service
-                .lock_reload()
-                .own_write(&config_hash(&outcome.before), &config_hash(&outcome.after));
-            Ok::<_, agentctl::edit::Refused>(outcome)
-        })
-        .await
-        .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
-        .map_err(|refused| SessionError::bad_input(refused.0))?;
-        tracing::info!("{}: {}", outcome.file.display(), outcome.summary);
-        Ok(())
-    }
-
-    /// Sets the live `agent_max_ctx` and recomputes every session's `effective_ctx`
-    /// between their operations. Returns how many sessions changed.
-    async fn set_agent_max_ctx(self: &Arc<Self>, value: u64) -> Result<usize, SessionError> {
-        let service = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _settings = service.settings.write().unwrap_or_else(|e| e.into_inner());
-            let config = service.change_config(|c| c.agent_max_ctx = value);
-            let changed = service.recompute_effective_ctx(&config)?;
-            tracing::info!("agent_max_ctx = {value}: effective_ctx recomputed for {changed} sessions");
-            Ok(changed)
-        })
-        .await
-        .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?
-    }
-
-    /// Recomputes every live session's `effective_ctx` by `config` (the caller holds the
-    /// settings exclusively). Returns how many changed.
-    pub(crate) fn recompute_effective_ctx(&self, config: &Config) -> Result<usize, StoreError> {
-        let slots: Vec<Arc<Slot>> = self.slots().values().cloned().collect();
-        let mut changes = Vec::new();
-        for slot in &slots {
-            let info = slot.info();
-            let effective_ctx = config.model(&info.model).effective_ctx;
-            if effective_ctx != info.effective_ctx {
-                changes.push((slot.clone(), info.id, effective_ctx));
-            }
-        }
-        let updates: Vec<(String, u64)> = changes.iter().map(|(_, id, e)| (id.clone(), *e)).collect();
-        self.store.set_effective_ctx(&updates)?;
-        for (slot, _, effective_ctx) in &changes {
-            slot.info.lock().unwrap_or_else(|e| e.into_inner()).effective_ctx = *effective_ctx;
-        }
-        Ok(changes.len())
     }
 
     /// `Ok` when the store takes writes, the last reload did not fail and no plugin of the
