@@ -23,18 +23,27 @@ impl Service {
         if budget == 0 {
             return;
         }
+        // Runs after every operation: the common case (within the limit) only adds.
+        let resident_bytes = |slot: &Slot| slot.resident.load(Ordering::Relaxed);
+        if self
+            .slots()
+            .values()
+            .map(|slot| resident_bytes(slot))
+            .sum::<usize>()
+            <= budget
+        {
+            return;
+        }
         let resident: Vec<(u64, usize, Arc<Slot>)> = self
             .slots()
             .values()
             .filter_map(|slot| {
-                let bytes = slot.resident.load(Ordering::Relaxed);
-                (bytes > 0).then(|| (slot.info().last_active, bytes, slot.clone()))
+                let bytes = resident_bytes(slot);
+                let last_active = slot.info.lock().unwrap_or_else(|e| e.into_inner()).last_active;
+                (bytes > 0).then(|| (last_active, bytes, slot.clone()))
             })
             .collect();
         let mut total: usize = resident.iter().map(|(_, bytes, _)| bytes).sum();
-        if total <= budget {
-            return;
-        }
         let mut oldest_first = resident;
         oldest_first.sort_unstable_by_key(|(last_active, ..)| *last_active);
         let mut put_out = 0;
