@@ -461,10 +461,11 @@ impl Service {
             // On a shared store: the session's lock across hosts, and the session as
             // stored if another host changed it since this one last did.
             let mut locked = None;
-            match service
-                .store
-                .lock(&id, guard.as_ref().map(Session::host_copy).as_ref())?
-            {
+            let held = guard
+                .as_ref()
+                .filter(|_| service.store.shared())
+                .map(Session::host_copy);
+            match service.store.lock(&id, held.as_ref())? {
                 Locked::NotShared => {}
                 Locked::Busy => {
                     return Err(SessionError::new(
