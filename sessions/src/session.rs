@@ -246,11 +246,24 @@ impl Session {
     }
 
     /// What this host holds of the session, for [`Store::lock`]: a read-back after
-    /// another host's change sends only the messages not among these.
+    /// another host's change sends only the messages not among these (the references of
+    /// [`Session::held_messages`], repeats and all).
     pub fn host_copy(&self) -> HostCopy {
+        let mut refs = self.refs.clone();
+        if let (Some(encoded), Some(_)) = (&self.sent, &self.last_sent) {
+            refs.extend(
+                decode_sent(encoded)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|entry| match entry {
+                        SentEntry::Ref(reference) => Some(reference),
+                        SentEntry::Inline(_) => None,
+                    }),
+            );
+        }
         HostCopy {
             version: self.row.version,
-            refs: self.held_messages().into_keys().collect(),
+            refs,
         }
     }
 
