@@ -19,6 +19,10 @@ use history_engine::Config;
 use serde_json::{json, Value};
 
 use crate::clock::{now_ms, rfc3339};
+
+/// How long a failed reload waits for the files to settle before it is refused: two of
+/// the watch's debounce periods.
+const SETTLE: std::time::Duration = history_engine::reload::DEBOUNCE.saturating_mul(2);
 use crate::service::{idle_timeout_ms_for, Service};
 
 /// How the last reload went.
@@ -141,15 +145,7 @@ impl Service {
     /// and runs on the sample here, and the swap waits for running operations.
     pub(crate) fn reload(&self) {
         let running = self.config();
-        let now = match std::fs::read_to_string(&self.config_file) {
-            Ok(text) => {
-                let plugin_dir = Config::parse(&self.config_file, text.clone())
-                    .map(|c| c.plugin_dir)
-                    .unwrap_or_else(|_| running.plugin_dir.clone());
-                Some(Fingerprint::of(&text, &plugin_dir))
-            }
-            Err(_) => None,
-        };
+        let now = self.fingerprint(&running);
         let quarantined = !self.chain.current().quarantined().is_empty();
         if let Some(now) = &now {
             if !self.lock_reload().needs_reload(now, quarantined) {
@@ -172,6 +168,16 @@ impl Service {
                 self.metrics.reload(true);
             }
             Err(error) => {
+                // Files still being written: an editor saving in place truncates, then
+                // writes, and a library being copied is short until it is whole; the
+                // watch may have woken in between. Files that change within a moment
+                // of the failure are reloaded by that change's own event; only files
+                // that stay as they were loaded are refused.
+                std::thread::sleep(SETTLE);
+                if self.fingerprint(&running) != now {
+                    tracing::debug!("the files changed while they were loaded: waiting for that change");
+                    return;
+                }
                 tracing::error!("chain reload refused, the previous chain keeps serving: {error}");
                 let mut state = self.lock_reload();
                 state.last = Some(LastReload {
@@ -182,6 +188,16 @@ impl Service {
                 self.metrics.reload(false);
             }
         }
+    }
+
+    /// What the configuration file and `plugin_dir` hold now (`None`: the file cannot
+    /// be read); `plugin_dir` is the running one while the file does not parse.
+    fn fingerprint(&self, running: &Config) -> Option<Fingerprint> {
+        let text = std::fs::read_to_string(&self.config_file).ok()?;
+        let plugin_dir = Config::parse(&self.config_file, text.clone())
+            .map(|c| c.plugin_dir)
+            .unwrap_or_else(|_| running.plugin_dir.clone());
+        Some(Fingerprint::of(&text, &plugin_dir))
     }
 
     /// Puts a reloaded configuration and chain in place between operations, with the

@@ -444,3 +444,41 @@ fn save(path: &std::path::Path, text: &str) {
     std::fs::write(&temporary, text).unwrap();
     std::fs::rename(&temporary, path).unwrap();
 }
+
+/// A configuration saved in place in two writes, the watch waking between them: the
+/// half-written file fails to load, but it changes again within a moment, so it is not
+/// refused (no failed reload, health stays 200); the whole file then reloads.
+#[test]
+fn a_file_still_being_written_is_not_refused_and_reloads_once_whole() {
+    use std::io::Write;
+    let plugins = plugin_dir_with_installed(&[]);
+    let head = format!(
+        "plugin_dir = {:?}\nmax_users = 50\n\n[history]\n",
+        plugins.path().display().to_string()
+    );
+    let config = TestConfig::new(&format!("{head}chain = [\"default\"]\n"));
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    assert_eq!(stages(&server), ["default@0.1.0"]);
+
+    // The first half: the chain's line cut short, not TOML. Past the watch's debounce,
+    // so the watch wakes and loads it; the rest comes while that load settles.
+    let mut file = std::fs::File::create(&config.path).unwrap();
+    file.write_all(format!("{head}chain = [\"default\", ").as_bytes())
+        .unwrap();
+    file.sync_all().unwrap();
+    std::thread::sleep(history_engine::reload::DEBOUNCE + Duration::from_millis(150));
+    file.write_all(b"\"role_pair\"]\n").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+
+    wait_until("the whole file is reloaded", || reloads(&server, "ok") == 1.0);
+    assert_eq!(stages(&server), ["default@0.1.0", "role_pair@0.1.0"]);
+    assert_eq!(
+        reloads(&server, "failed"),
+        0.0,
+        "the half-written file was refused: {}",
+        server.stderr()
+    );
+    assert_eq!(server.get("/healthz").status, 200);
+    assert!(server.stop().success());
+}
