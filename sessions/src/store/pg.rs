@@ -281,8 +281,9 @@ const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript_len, clear
 /// - `history_version`: its stored version;
 /// - `history_read_row`, `history_read_transcript`, `history_read_copies`: the session's
 ///   row, and the transcript rows and copies its histories reference, when its version
-///   is not `$2` (NULL: always), leaving out the transcript rows in `$3` (references as
-///   [`encode_working`] writes them) and the copies in `$3` (keys) — [`read_statements`];
+///   is not `$2` (NULL: always), leaving out the transcript rows in `$3` (an
+///   `int8multirange` of seqs, [`seq_ranges`]) and the copies in `$3` (keys) —
+///   [`read_statements`];
 /// - `history_write`: one change of a session — [`write_statement`].
 fn prepare_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
