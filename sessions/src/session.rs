@@ -17,8 +17,8 @@ use serde_json::Value;
 use crate::clock::rfc3339;
 use crate::error::{ErrorKind, SessionError};
 use crate::store::{
-    decode_sent, encode_sent, CopyRow, HostCopy, SentEntry, SessionRow, SessionWrite, Store, StoredSession,
-    TranscriptRow, WorkingRef,
+    decode_sent, encode_sent, CopyRow, HostCopy, SentEntry, SessionRow, SessionWrite, Store, StoredMessage,
+    StoredSession, TokenCounts, TranscriptRow, WorkingRef,
 };
 
 /// A session in memory: its row, its working history (each message with the store entry
@@ -164,7 +164,13 @@ impl Session {
         };
         let mut working = Vec::with_capacity(stored.working.len());
         let mut refs = Vec::with_capacity(stored.working.len());
-        for (reference, seq, text) in stored.working {
+        for stored_message in stored.working {
+            let StoredMessage {
+                reference,
+                seq,
+                text,
+                tokens,
+            } = stored_message;
             if let Some(&message) = held.get(&reference) {
                 working.push(message.clone());
                 refs.push(reference);
@@ -179,6 +185,8 @@ impl Session {
             if let Some(seq) = seq {
                 message.set_origin(seq);
             }
+            // Counted before it was stored: not tokenized again.
+            tokens.give(&message);
             working.push(RArc::new(message));
             refs.push(reference);
         }
@@ -376,13 +384,14 @@ impl Session {
             meta.timestamp = ROption::RSome(stamp.as_str().into());
         }
         turns::stamp_entering(&mut entering, turn, Some(first_seq));
-        let transcript: Vec<TranscriptRow> = entering
+        let mut transcript: Vec<TranscriptRow> = entering
             .iter()
             .enumerate()
             .map(|(offset, m)| TranscriptRow {
                 seq: first_seq + offset as u64,
                 turn,
                 message: message_to_string(m),
+                tokens: TokenCounts::default(),
             })
             .collect();
 
@@ -412,6 +421,10 @@ impl Session {
         let sent_copies = copies_of(&sent_entries);
         let sent = encode_sent(&sent_entries);
         let dropped = self.dropped(&update.refs, &sent_copies);
+        // Counted by the chain now: stored with them, so a read-back does not count again.
+        for (stored, message) in transcript.iter_mut().zip(&entering) {
+            stored.tokens = TokenCounts::of(message);
+        }
         env.store.commit(&SessionWrite {
             row: Some(&row),
             transcript: &transcript,
@@ -672,6 +685,7 @@ impl Session {
                         key,
                         seq: (origin != 0 && origin <= row.transcript_len).then_some(origin),
                         message: message_to_string(message),
+                        tokens: TokenCounts::of(message),
                     });
                     WorkingRef::Copy(key)
                 }

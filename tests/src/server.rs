@@ -200,6 +200,19 @@ impl Server {
         answer.body["history"].clone()
     }
 
+    /// The value of metric `name` on `/metrics` (labels included as it writes them:
+    /// `name{label="value"}`).
+    pub fn metric(&self, name: &str) -> u64 {
+        let text = self.get("/metrics").body;
+        let text = text.as_str().expect("/metrics is text");
+        text.lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
     /// SIGTERM, then waits (at most 30 s) for the exit status.
     pub fn stop(mut self) -> ExitStatus {
         let mut child = self.child.take().unwrap();

@@ -14,6 +14,8 @@ mod sqlite;
 use std::path::Path;
 use std::time::Duration;
 
+use plugin_api::Tokenizer;
+
 pub use pg::{round_trips, shown, PgStore};
 pub use sqlite::SqliteStore;
 
@@ -135,6 +137,8 @@ pub struct TranscriptRow {
     pub turn: u64,
     /// The message's JSON text.
     pub message: String,
+    /// The message's token counts, as far as they are known ([`TokenCounts`]).
+    pub tokens: TokenCounts,
 }
 
 /// A working copy: a message of the working history whose bytes are not its transcript
@@ -145,6 +149,53 @@ pub struct CopyRow {
     pub key: u64,
     pub seq: Option<u64>,
     pub message: String,
+    pub tokens: TokenCounts,
+}
+
+/// A stored message's token counts, one per tokenizer a host counted it with, kept beside
+/// its text: a host that reads the message back (after a restart, after another host's
+/// turn, past `session_memory_mb`) takes them instead of tokenizing the text again
+/// (docs/sessions.md#the-store). Stored as `tokenizer:count` pairs
+/// (`o200k_base:812,chars4:1020`); `None` when none is known. A count is the tokens of
+/// the message's items, which depend on its text alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenCounts(pub Option<String>);
+
+impl TokenCounts {
+    /// The counts `message` remembers.
+    pub fn of(message: &plugin_api::Message) -> TokenCounts {
+        let memo = message.token_memo();
+        let pairs: Vec<String> = Tokenizer::ALL
+            .iter()
+            .filter_map(|t| memo.get(t.slot()).map(|count| format!("{}:{count}", t.as_str())))
+            .collect();
+        TokenCounts((!pairs.is_empty()).then(|| pairs.join(",")))
+    }
+
+    /// Gives `message` these counts to remember. What does not read as counts is left
+    /// out: they are a cache, and the message is counted again.
+    pub fn give(&self, message: &plugin_api::Message) {
+        let Some(text) = &self.0 else { return };
+        for pair in text.split(',') {
+            let Some((name, count)) = pair.split_once(':') else {
+                continue;
+            };
+            if let (Some(tokenizer), Ok(count)) = (Tokenizer::parse(name), count.parse::<u64>()) {
+                message.token_memo().set(tokenizer.slot(), count);
+            }
+        }
+    }
+}
+
+/// A message of a stored working history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    pub reference: WorkingRef,
+    /// The transcript message it is, or is a copy of (none for a message a plugin made).
+    pub seq: Option<u64>,
+    /// Its JSON text; `None` where it was not read ([`StoredSession`]).
+    pub text: Option<String>,
+    pub tokens: TokenCounts,
 }
 
 /// What one change of a session writes, in one transaction: its row, the transcript rows
@@ -160,9 +211,9 @@ pub struct SessionWrite<'a> {
     pub sent: Option<&'a str>,
 }
 
-/// A session as stored: its row, its working history with the messages it references
-/// (`(reference, copy's seq, JSON text)` in order), and its last sent history (one JSON
-/// text per message) with its encoding as stored.
+/// A session as stored: its row, its working history with the messages it references,
+/// in order, and its last sent history (one JSON text per message) with its encoding as
+/// stored.
 ///
 /// A text is `None` where it was not read: a working message whose reference the reader
 /// said it holds already ([`HostCopy`]), and a sent message that is one of the working
@@ -172,7 +223,7 @@ pub struct SessionWrite<'a> {
 #[derive(Debug, Clone)]
 pub struct StoredSession {
     pub row: SessionRow,
-    pub working: Vec<(WorkingRef, Option<u64>, Option<String>)>,
+    pub working: Vec<StoredMessage>,
     pub sent: Option<StoredSent>,
 }
 
@@ -360,7 +411,7 @@ pub fn decode_sent(text: &str) -> Result<Vec<SentEntry>, StoreError> {
 /// asked of `fetch` (a transcript row, or a copy kept for it).
 pub(crate) fn resolve_sent(
     sent: Option<String>,
-    working: &[(WorkingRef, Option<u64>, Option<String>)],
+    working: &[StoredMessage],
     held: Option<&HostCopy>,
     mut fetch: impl FnMut(WorkingRef) -> Result<Option<String>, StoreError>,
 ) -> Result<Option<StoredSent>, StoreError> {
@@ -369,7 +420,7 @@ pub(crate) fn resolve_sent(
     };
     let unread: std::collections::HashSet<WorkingRef> = working
         .iter()
-        .map(|(r, _, _)| *r)
+        .map(|m| m.reference)
         .chain(held.into_iter().flat_map(|h| h.refs.iter().copied()))
         .collect();
     let mut messages = Vec::new();

@@ -24,7 +24,7 @@ use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
 use super::{
     decode_working, encode_working, resolve_sent, HostCopy, Locked, SessionLock, SessionRow, SessionWrite,
-    Store, StoreError, StoredSession, TranscriptRow, WorkingRef,
+    Store, StoreError, StoredMessage, StoredSession, TokenCounts, TranscriptRow, WorkingRef,
 };
 
 type Manager = PostgresConnectionManager<NoTls>;
@@ -34,7 +34,7 @@ type Connection = r2d2::PooledConnection<Manager>;
 /// The schema, one entry per version; a host applies the ones the database lacks.
 /// 1: sessions, transcripts, working copies; 2: `summaries`, the summarizer's answers;
 /// 3: `sessions.sent`, the last sent history (`super::encode_sent`); 4: lz4 compression of
-/// the message texts.
+/// the message texts; 5: the messages' `tokens` (`super::TokenCounts`).
 const MIGRATIONS: &[&str] = &[
     "
 CREATE TABLE sessions (
@@ -91,6 +91,10 @@ BEGIN
     END IF;
 END
 $$;
+",
+    "
+ALTER TABLE transcript ADD COLUMN tokens TEXT;
+ALTER TABLE working_copies ADD COLUMN tokens TEXT;
 ",
 ];
 
@@ -296,29 +300,33 @@ fn prepare_sql() -> &'static str {
              PREPARE history_read_row(text, bigint) AS \
                SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2; \
              PREPARE history_read_transcript(text, bigint, int8multirange) AS \
-               SELECT n.seq, (SELECT message FROM transcript WHERE session_id = $1 AND seq = n.seq) \
+               SELECT n.seq, t.message, t.tokens \
                FROM (SELECT range_agg(int8range(split_part(item, '-', 1)::bigint, \
                          COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint, '[]')) \
                      FROM sessions s, unnest(string_to_array( \
                          s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
                      WHERE s.id = $1 AND s.version IS DISTINCT FROM $2 AND item ~ '^[0-9]') AS w(wanted), \
                  LATERAL unnest(w.wanted - $3) AS r(run), \
-                 LATERAL generate_series(lower(r.run), upper(r.run) - 1) AS n(seq); \
+                 LATERAL generate_series(lower(r.run), upper(r.run) - 1) AS n(seq), \
+                 LATERAL (SELECT message, tokens FROM transcript \
+                          WHERE session_id = $1 AND seq = n.seq OFFSET 0) AS t; \
              PREPARE history_read_copies(text, bigint, bigint[]) AS \
-               SELECT key, seq, message FROM working_copies WHERE session_id = $1 AND key <> ALL($3) \
+               SELECT key, seq, message, tokens FROM working_copies WHERE session_id = $1 AND key <> ALL($3) \
                AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2); \
              PREPARE history_write(text, text, bigint, bigint, bigint, bigint, text, bigint, bigint, \
-                                   text, text, bigint, bigint[], bigint[], text[], bigint[], bigint[], \
-                                   text[], bigint[]) AS \
+                                   text, text, bigint, bigint[], bigint[], text[], text[], bigint[], \
+                                   bigint[], text[], text[], bigint[]) AS \
                WITH u AS (UPDATE sessions SET model = $2, effective_ctx = $3, turn = $4, \
                    transcript_len = $5, cleared_at = $6, expiration_override = $7, last_active = $8, \
                    next_copy = $9, working = $10, sent = $11, version = $12 \
                    WHERE id = $1 AND version = $12 - 1 RETURNING id), \
-                 t AS (INSERT INTO transcript (session_id, seq, turn, message) \
-                   SELECT u.id, v.seq, v.turn, v.message FROM u, unnest($13, $14, $15) AS v(seq, turn, message)), \
-                 c AS (INSERT INTO working_copies (session_id, key, seq, message) \
-                   SELECT u.id, v.key, v.seq, v.message FROM u, unnest($16, $17, $18) AS v(key, seq, message)), \
-                 d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key = ANY($19)) \
+                 t AS (INSERT INTO transcript (session_id, seq, turn, message, tokens) \
+                   SELECT u.id, v.seq, v.turn, v.message, v.tokens \
+                   FROM u, unnest($13, $14, $15, $16) AS v(seq, turn, message, tokens)), \
+                 c AS (INSERT INTO working_copies (session_id, key, seq, message, tokens) \
+                   SELECT u.id, v.key, v.seq, v.message, v.tokens \
+                   FROM u, unnest($17, $18, $19, $20) AS v(key, seq, message, tokens)), \
+                 d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key = ANY($21)) \
                SELECT count(*) FROM u"
         )
     })
@@ -444,7 +452,7 @@ fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
     let transcript = write.transcript;
     let copies = write.new_copies;
     Ok(format!(
-        "EXECUTE history_write({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+        "EXECUTE history_write({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
         lit(&row.id),
         lit(&row.model),
         row.effective_ctx as i64,
@@ -459,10 +467,12 @@ fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
         row.version as i64,
         numbers(transcript.iter().map(|t| Some(t.seq))),
         numbers(transcript.iter().map(|t| Some(t.turn))),
-        texts(transcript.iter().map(|t| t.message.as_str())),
+        texts(transcript.iter().map(|t| Some(t.message.as_str()))),
+        texts(transcript.iter().map(|t| t.tokens.0.as_deref())),
         numbers(copies.iter().map(|c| Some(c.key))),
         numbers(copies.iter().map(|c| c.seq)),
-        texts(copies.iter().map(|c| c.message.as_str())),
+        texts(copies.iter().map(|c| Some(c.message.as_str()))),
+        texts(copies.iter().map(|c| c.tokens.0.as_deref())),
         numbers(write.dropped_copies.iter().copied().map(Some)),
     ))
 }
@@ -475,9 +485,9 @@ fn numbers(values: impl Iterator<Item = Option<u64>>) -> String {
     format!("'{{{}}}'::bigint[]", items.join(","))
 }
 
-/// Texts as an SQL `text[]` value, each an escaped literal.
-fn texts<'a>(values: impl Iterator<Item = &'a str>) -> String {
-    let items: Vec<String> = values.map(lit).collect();
+/// Texts (NULL for `None`) as an SQL `text[]` value, each an escaped literal.
+fn texts<'a>(values: impl Iterator<Item = Option<&'a str>>) -> String {
+    let items: Vec<String> = values.map(opt_lit).collect();
     format!("ARRAY[{}]::text[]", items.join(", "))
 }
 
@@ -588,9 +598,12 @@ fn session_of(
     };
     let refs = decode_working(&text(r, 10)?)?;
     let sent = r.get(12).map(str::to_string);
+    // Each message read: its seq (a copy's may be none), text and token counts.
+    let tokens = |row: &SimpleQueryRow, i: usize| TokenCounts(row.get(i).map(str::to_string));
     let mut transcript = HashMap::new();
     for t in transcript_rows {
-        transcript.insert(num(t, 0)?, text(t, 1)?);
+        let seq = num(t, 0)?;
+        transcript.insert(seq, (Some(seq), text(t, 1)?, tokens(t, 2)));
     }
     let mut copies = HashMap::new();
     for c in copy_rows {
@@ -598,32 +611,44 @@ fn session_of(
             Some(_) => Some(num(c, 1)?),
             None => None,
         };
-        copies.insert(num(c, 0)?, (seq, text(c, 2)?));
+        copies.insert(num(c, 0)?, (seq, text(c, 2)?, tokens(c, 3)));
     }
     let held_refs: std::collections::HashSet<WorkingRef> =
         held.map(|h| h.refs.iter().copied().collect()).unwrap_or_default();
     let mut working = Vec::with_capacity(refs.len());
-    for r in refs {
-        let found = match r {
-            WorkingRef::Transcript(seq) => transcript.get(&seq).map(|m| (Some(seq), Some(m.clone()))),
-            WorkingRef::Copy(key) => copies.get(&key).map(|(seq, m)| (*seq, Some(m.clone()))),
+    for reference in refs {
+        let found = match reference {
+            WorkingRef::Transcript(seq) => transcript.get(&seq),
+            WorkingRef::Copy(key) => copies.get(&key),
         };
-        let found = found.or_else(|| {
-            // Left out of the read: the host holds it (its seq is the host's too).
-            held_refs.contains(&r).then_some((None, None))
-        });
-        let Some((seq, message)) = found else {
-            return Err(StoreError::new(format!(
-                "session {id}: working history entry {r:?} is missing"
-            )));
+        let message = match found {
+            Some((seq, text, tokens)) => StoredMessage {
+                reference,
+                seq: *seq,
+                text: Some(text.clone()),
+                tokens: tokens.clone(),
+            },
+            // Left out of the read: the host holds it.
+            None if held_refs.contains(&reference) => StoredMessage {
+                reference,
+                seq: None,
+                text: None,
+                tokens: TokenCounts::default(),
+            },
+            None => {
+                return Err(StoreError::new(format!(
+                    "session {id}: working history entry {reference:?} is missing"
+                )))
+            }
         };
-        working.push((r, seq, message));
+        working.push(message);
     }
     let sent = resolve_sent(sent, &working, held, |r| {
-        Ok(match r {
-            WorkingRef::Transcript(seq) => transcript.get(&seq).cloned(),
-            WorkingRef::Copy(key) => copies.get(&key).map(|(_, m)| m.clone()),
-        })
+        let found = match r {
+            WorkingRef::Transcript(seq) => transcript.get(&seq),
+            WorkingRef::Copy(key) => copies.get(&key),
+        };
+        Ok(found.map(|(_, text, _)| text.clone()))
     })?;
     Ok(Some(StoredSession { row, working, sent }))
 }
@@ -824,7 +849,7 @@ impl Store for PgStore {
         let rows = self
             .connection()?
             .query(
-                "SELECT seq, turn, message FROM transcript WHERE session_id = $1 AND seq >= $2 \
+                "SELECT seq, turn, message, tokens FROM transcript WHERE session_id = $1 AND seq >= $2 \
                  ORDER BY seq LIMIT $3",
                 &[&id, &(from as i64), &(limit.min(i64::MAX as u64) as i64)],
             )
@@ -835,6 +860,7 @@ impl Store for PgStore {
                 seq: r.get::<_, i64>(0) as u64,
                 turn: r.get::<_, i64>(1) as u64,
                 message: r.get(2),
+                tokens: TokenCounts(r.get(3)),
             })
             .collect())
     }

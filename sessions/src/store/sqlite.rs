@@ -9,12 +9,12 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
     decode_working, encode_working, resolve_sent, CopyRow, SessionRow, SessionWrite, Store, StoreError,
-    StoredSession, TranscriptRow, WorkingRef,
+    StoredMessage, StoredSession, TokenCounts, TranscriptRow, WorkingRef,
 };
 
 /// 2: `summaries`, the summarizer's answers by key; 3: `sessions.sent`, the last sent
 /// history (`super::encode_sent`).
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS transcript (
     seq INTEGER NOT NULL,
     turn INTEGER NOT NULL,
     message TEXT NOT NULL,
+    tokens TEXT,
     PRIMARY KEY (session_id, seq)
 );
 CREATE TABLE IF NOT EXISTS working_copies (
@@ -43,6 +44,7 @@ CREATE TABLE IF NOT EXISTS working_copies (
     key INTEGER NOT NULL,
     seq INTEGER,
     message TEXT NOT NULL,
+    tokens TEXT,
     PRIMARY KEY (session_id, key)
 );
 CREATE TABLE IF NOT EXISTS write_probe (
@@ -167,15 +169,24 @@ impl SqliteStore {
             )));
         }
         writer.execute_batch(SCHEMA).map_err(err)?;
-        // Version 3 added `sessions.sent` (a store made before has the table without it).
-        let has_sent = writer
-            .prepare("SELECT 1 FROM pragma_table_info('sessions') WHERE name = 'sent'")
-            .and_then(|mut s| s.exists([]))
-            .map_err(err)?;
-        if !has_sent {
-            writer
-                .execute_batch("ALTER TABLE sessions ADD COLUMN sent TEXT;")
+        // Columns added since version 1, to a store made before them: version 3 added
+        // `sessions.sent`, version 4 the messages' `tokens`.
+        for (table, column) in [
+            ("sessions", "sent"),
+            ("transcript", "tokens"),
+            ("working_copies", "tokens"),
+        ] {
+            let has = writer
+                .prepare(&format!(
+                    "SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'"
+                ))
+                .and_then(|mut s| s.exists([]))
                 .map_err(err)?;
+            if !has {
+                writer
+                    .execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT;"))
+                    .map_err(err)?;
+            }
         }
         writer
             .execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
@@ -288,19 +299,35 @@ fn write_one(connection: &Connection, write: &Pending) -> Result<(), StoreError>
         return Err(StoreError::new(format!("no session {}", row.id)));
     }
     let mut insert = connection
-        .prepare_cached("INSERT INTO transcript (session_id, seq, turn, message) VALUES (?1, ?2, ?3, ?4)")
+        .prepare_cached(
+            "INSERT INTO transcript (session_id, seq, turn, message, tokens) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
         .map_err(err)?;
     for t in &write.transcript {
         insert
-            .execute(params![row.id, t.seq as i64, t.turn as i64, t.message])
+            .execute(params![
+                row.id,
+                t.seq as i64,
+                t.turn as i64,
+                t.message,
+                t.tokens.0
+            ])
             .map_err(err)?;
     }
     let mut insert = connection
-        .prepare_cached("INSERT INTO working_copies (session_id, key, seq, message) VALUES (?1, ?2, ?3, ?4)")
+        .prepare_cached(
+            "INSERT INTO working_copies (session_id, key, seq, message, tokens) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
         .map_err(err)?;
     for c in &write.new_copies {
         insert
-            .execute(params![row.id, c.key as i64, c.seq.map(|s| s as i64), c.message])
+            .execute(params![
+                row.id,
+                c.key as i64,
+                c.seq.map(|s| s as i64),
+                c.message,
+                c.tokens.0
+            ])
             .map_err(err)?;
     }
     let mut delete = connection
@@ -450,34 +477,41 @@ impl Store for SqliteStore {
         let mut messages = Vec::with_capacity(refs.len());
         {
             let mut transcript = tx
-                .prepare_cached("SELECT message FROM transcript WHERE session_id = ?1 AND seq = ?2")
+                .prepare_cached("SELECT message, tokens FROM transcript WHERE session_id = ?1 AND seq = ?2")
                 .map_err(err)?;
             let mut copies = tx
-                .prepare_cached("SELECT seq, message FROM working_copies WHERE session_id = ?1 AND key = ?2")
+                .prepare_cached(
+                    "SELECT seq, message, tokens FROM working_copies WHERE session_id = ?1 AND key = ?2",
+                )
                 .map_err(err)?;
             for r in refs {
                 let found = match r {
                     WorkingRef::Transcript(seq) => transcript
-                        .query_row(params![id, seq as i64], |r| r.get::<_, String>(0))
+                        .query_row(params![id, seq as i64], |r| Ok((Some(seq), r.get(0)?, r.get(1)?)))
                         .optional()
-                        .map_err(err)?
-                        .map(|m| (Some(seq), m)),
+                        .map_err(err)?,
                     WorkingRef::Copy(key) => copies
                         .query_row(params![id, key as i64], |r| {
                             Ok((
                                 r.get::<_, Option<i64>>(0)?.map(|s| s as u64),
-                                r.get::<_, String>(1)?,
+                                r.get(1)?,
+                                r.get(2)?,
                             ))
                         })
                         .optional()
                         .map_err(err)?,
                 };
-                let Some((seq, message)) = found else {
+                let Some((seq, text, tokens)) = found else {
                     return Err(StoreError::new(format!(
                         "session {id}: working history entry {r:?} is missing"
                     )));
                 };
-                messages.push((r, seq, Some(message)));
+                messages.push(StoredMessage {
+                    reference: r,
+                    seq,
+                    text: Some(text),
+                    tokens: TokenCounts(tokens),
+                });
             }
         }
         let sent = {
@@ -510,7 +544,7 @@ impl Store for SqliteStore {
         let connection = self.reader();
         let mut statement = connection
             .prepare_cached(
-                "SELECT seq, turn, message FROM transcript WHERE session_id = ?1 AND seq >= ?2 \
+                "SELECT seq, turn, message, tokens FROM transcript WHERE session_id = ?1 AND seq >= ?2 \
                  ORDER BY seq LIMIT ?3",
             )
             .map_err(err)?;
@@ -520,6 +554,7 @@ impl Store for SqliteStore {
                     seq: r.get::<_, i64>(0)? as u64,
                     turn: r.get::<_, i64>(1)? as u64,
                     message: r.get(2)?,
+                    tokens: TokenCounts(r.get(3)?),
                 })
             })
             .map_err(err)?
@@ -600,17 +635,20 @@ mod tests {
                     seq: 1,
                     turn: 1,
                     message: r#"{"role":"user","content":"q"}"#.into(),
+                    tokens: TokenCounts(Some("o200k_base:1".into())),
                 },
                 TranscriptRow {
                     seq: 2,
                     turn: 1,
                     message: r#"{"role":"assistant","content":"a"}"#.into(),
+                    tokens: TokenCounts::default(),
                 },
             ];
             let copies = [super::super::CopyRow {
                 key: 1,
                 seq: Some(2),
                 message: r#"{"role":"assistant","content":"[Omitted]"}"#.into(),
+                tokens: TokenCounts(Some("o200k_base:3,chars4:3".into())),
             }];
             store
                 .commit(&SessionWrite {
@@ -644,16 +682,18 @@ mod tests {
         assert_eq!(
             loaded.working,
             [
-                (
-                    WorkingRef::Transcript(1),
-                    Some(1),
-                    Some(r#"{"role":"user","content":"q"}"#.into())
-                ),
-                (
-                    WorkingRef::Copy(1),
-                    Some(2),
-                    Some(r#"{"role":"assistant","content":"[Omitted]"}"#.into())
-                ),
+                StoredMessage {
+                    reference: WorkingRef::Transcript(1),
+                    seq: Some(1),
+                    text: Some(r#"{"role":"user","content":"q"}"#.into()),
+                    tokens: TokenCounts(Some("o200k_base:1".into())),
+                },
+                StoredMessage {
+                    reference: WorkingRef::Copy(1),
+                    seq: Some(2),
+                    text: Some(r#"{"role":"assistant","content":"[Omitted]"}"#.into()),
+                    tokens: TokenCounts(Some("o200k_base:3,chars4:3".into())),
+                },
             ]
         );
         assert_eq!(store.transcript("a", 2, 10).unwrap().len(), 1);
@@ -674,6 +714,7 @@ mod tests {
             seq: turn,
             turn,
             message: format!(r#"{{"role":"user","content":"{id} {turn}"}}"#),
+            tokens: TokenCounts::default(),
         }];
         (r, transcript)
     }

@@ -110,17 +110,6 @@ fn openai_error(answer: &Answer) -> String {
         .to_string()
 }
 
-fn metric(server: &Server, name: &str) -> u64 {
-    let text = server.get("/metrics").body;
-    let text = text.as_str().unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// A long real conversation (tests/data/real): 62 messages of an airline agent with tools.
 fn real_conversation() -> Vec<Value> {
     let text = std::fs::read_to_string(real_data_dir().join("tau-bench-airline-gpt4o.json")).unwrap();
@@ -385,28 +374,28 @@ fn a_resent_conversation_is_not_tokenized_again() {
     let (first, headers) = post(&server, &request, &[]);
     assert_eq!(first.status, 200, "{first:?}");
     let tokens = header(&headers, "x-history-tokens").unwrap().to_string();
-    let counted = metric(&server, "history_tokens_counted_bytes_total");
-    let misses = metric(&server, "history_token_cache_lookups_total{result=\"miss\"}");
-    let hits = metric(&server, "history_token_cache_lookups_total{result=\"hit\"}");
+    let counted = server.metric("history_tokens_counted_bytes_total");
+    let misses = server.metric("history_token_cache_lookups_total{result=\"miss\"}");
+    let hits = server.metric("history_token_cache_lookups_total{result=\"hit\"}");
     assert!(
         counted > 10_000,
         "the first request tokenized the conversation: {counted}"
     );
-    assert!(metric(&server, "history_token_cache_entries") > 0);
+    assert!(server.metric("history_token_cache_entries") > 0);
 
     let (second, headers) = post(&server, &request, &[]);
     assert_eq!(second.status, 200);
     assert_eq!(header(&headers, "x-history-tokens").unwrap(), tokens);
     assert_eq!(
-        metric(&server, "history_tokens_counted_bytes_total"),
+        server.metric("history_tokens_counted_bytes_total"),
         counted,
         "the second request tokenized nothing"
     );
     assert_eq!(
-        metric(&server, "history_token_cache_lookups_total{result=\"miss\"}"),
+        server.metric("history_token_cache_lookups_total{result=\"miss\"}"),
         misses
     );
-    assert!(metric(&server, "history_token_cache_lookups_total{result=\"hit\"}") > hits);
+    assert!(server.metric("history_token_cache_lookups_total{result=\"hit\"}") > hits);
     assert_eq!(upstream.requests()[0].body, upstream.requests()[1].body);
 }
 

@@ -304,7 +304,8 @@ fn a_database_outage_is_a_503_then_turns_recover_and_nothing_acknowledged_is_los
 #[test]
 fn a_read_back_leaves_out_the_messages_the_host_holds() {
     use history_sessions::store::{
-        CopyRow, HostCopy, Locked, SessionRow, SessionWrite, TranscriptRow, WorkingRef::*,
+        CopyRow, HostCopy, Locked, SessionRow, SessionWrite, StoredMessage, TokenCounts, TranscriptRow,
+        WorkingRef::*,
     };
     if postgres_url("sessions_hosts::a_read_back_leaves_out_the_messages_the_host_holds").is_none() {
         return;
@@ -318,6 +319,7 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
             seq,
             turn: seq.div_ceil(2),
             message: message(seq),
+            tokens: TokenCounts(Some(format!("o200k_base:{seq}"))),
         })
         .collect()
     };
@@ -369,6 +371,7 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
                 key: 1,
                 seq: Some(2),
                 message: copy.into(),
+                tokens: TokenCounts::default(),
             }],
             sent: Some(&format!("m0,1,c1,3-4,2\n{inline}")),
             ..Default::default()
@@ -382,15 +385,31 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
     let read = lock.load().unwrap().expect("the session");
     drop(lock);
     assert_eq!(read.row, row);
+    let stored = |reference, seq: Option<u64>, text: Option<String>, tokens: Option<String>| StoredMessage {
+        reference,
+        seq,
+        text,
+        tokens: TokenCounts(tokens),
+    };
     assert_eq!(
         read.working,
         [
-            (Transcript(1), None, None),
-            (Copy(1), Some(2), Some(copy.to_string())),
-            (Transcript(3), Some(3), Some(message(3))),
-            (Transcript(4), Some(4), Some(message(4))),
+            stored(Transcript(1), None, None, None),
+            stored(Copy(1), Some(2), Some(copy.to_string()), None),
+            stored(
+                Transcript(3),
+                Some(3),
+                Some(message(3)),
+                Some("o200k_base:3".into())
+            ),
+            stored(
+                Transcript(4),
+                Some(4),
+                Some(message(4)),
+                Some("o200k_base:4".into())
+            ),
         ],
-        "held messages are left out; the new ones come back"
+        "held messages are left out; the new ones come back, with their token counts"
     );
     let (encoded, sent) = read.sent.expect("a sent history");
     assert_eq!(encoded, format!("m0,1,c1,3-4,2\n{inline}"));
@@ -406,7 +425,7 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
     };
     let read = lock.load().unwrap().expect("the session");
     drop(lock);
-    assert!(read.working.iter().all(|(_, _, text)| text.is_some()));
+    assert!(read.working.iter().all(|m| m.text.is_some()));
     assert_eq!(
         read.sent.unwrap().1[5],
         Some(message(2)),

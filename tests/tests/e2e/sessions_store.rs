@@ -35,10 +35,21 @@ fn the_working_history_is_stored_as_references_plus_changed_copies(kind: Kind) {
     let stored = store.load(&id).unwrap().unwrap();
     assert_eq!(stored.working.len(), working.as_array().unwrap().len());
     let mut copies = 0;
-    for ((reference, seq, text), message) in stored.working.iter().zip(working.as_array().unwrap()) {
-        let text = text
+    for (stored, message) in stored.working.iter().zip(working.as_array().unwrap()) {
+        let (reference, seq) = (&stored.reference, stored.seq);
+        let text = stored
+            .text
             .as_deref()
             .expect("a load without a host copy reads every message");
+        assert!(
+            stored
+                .tokens
+                .0
+                .as_deref()
+                .is_some_and(|t| t.starts_with("o200k_base:")),
+            "counted by the chain, stored with its count: {:?}",
+            stored.tokens
+        );
         let stored_message: Value = serde_json::from_str(text).unwrap();
         assert_eq!(&stored_message, message);
         let seq = seq.expect("every working message comes from the transcript here") as usize;
@@ -61,6 +72,57 @@ fn the_working_history_is_stored_as_references_plus_changed_copies(kind: Kind) {
 }
 
 e2e_tests::store_tests!(the_working_history_is_stored_as_references_plus_changed_copies,);
+
+/// A message's token counts are stored beside it: after a restart, a turn tokenizes its
+/// new messages only, not the history it reads back (docs/sessions.md#the-store).
+fn after_a_restart_a_turn_tokenizes_only_its_new_messages(kind: Kind) {
+    let config = shipped_config("", &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    let id = server.create("gpt-4o");
+    let note = |n: usize| {
+        format!(
+            "note {n}: {}",
+            "the quick brown fox jumps over the lazy dog ".repeat(200)
+        )
+    };
+    for n in 1..=3 {
+        let turn = j!({"messages": [
+            {"role": "user", "content": note(n)},
+            {"role": "assistant", "content": format!("noted {n}")},
+        ]});
+        assert_eq!(
+            server.post(&format!("/v1/sessions/{id}/turns"), &turn).status,
+            200
+        );
+    }
+    let history = server.history(&id, false);
+    assert_eq!(
+        history.as_array().unwrap().len(),
+        6,
+        "every note stays in the window"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+
+    let server = Server::start(&config.path, store.path(), &[]);
+    let counted = || server.metric("history_tokens_counted_bytes_total");
+    let before = counted();
+    let turn = j!({"messages": [{"role": "user", "content": "and now?"}]});
+    assert_eq!(
+        server.post(&format!("/v1/sessions/{id}/turns"), &turn).status,
+        200
+    );
+    let tokenized = counted() - before;
+    assert!(
+        tokenized < 100,
+        "{tokenized} bytes tokenized after the restart; the notes read back are {} bytes",
+        3 * note(1).len()
+    );
+    assert_eq!(server.history(&id, false).as_array().unwrap().len(), 7);
+    assert_eq!(server.stop().code(), Some(0));
+}
+
+e2e_tests::store_tests!(after_a_restart_a_turn_tokenizes_only_its_new_messages,);
 
 /// A small tmpfs mounted for one test (unmounted when dropped), or `None` after saying
 /// loudly that the test is skipped: mounting needs root (CI runs as root).
