@@ -10,7 +10,7 @@ use history_engine::{stateless_context, turns, Call, Chain, ChainRun, Config};
 use plugin_api::wire::{message_to_string, parse_message};
 use plugin_api::{
     CompactMode, Content, Context, Event, ExpirationMode, ExpirationOverride, Message, ModelInfo, Part, RArc,
-    ROption, RVec, Role,
+    ROption, RVec, Role, Tokenizer,
 };
 use serde_json::Value;
 
@@ -186,7 +186,7 @@ impl Session {
                 message.set_origin(seq);
             }
             // Counted before it was stored: not tokenized again.
-            tokens.give(&message);
+            give_token_counts(&tokens, &message);
             working.push(RArc::new(message));
             refs.push(reference);
         }
@@ -423,7 +423,7 @@ impl Session {
         let dropped = self.dropped(&update.refs, &sent_copies);
         // Counted by the chain now: stored with them, so a read-back does not count again.
         for (stored, message) in transcript.iter_mut().zip(&entering) {
-            stored.tokens = TokenCounts::of(message);
+            stored.tokens = token_counts(message);
         }
         env.store.commit(&SessionWrite {
             row: Some(&row),
@@ -685,7 +685,7 @@ impl Session {
                         key,
                         seq: (origin != 0 && origin <= row.transcript_len).then_some(origin),
                         message: message_to_string(message),
-                        tokens: TokenCounts::of(message),
+                        tokens: token_counts(message),
                     });
                     WorkingRef::Copy(key)
                 }
@@ -747,6 +747,32 @@ fn sent_entries(sent: &[RArc<Message>], working: &[RArc<Message>], refs: &[Worki
                 )
         })
         .collect()
+}
+
+/// The token counts `message` remembers, as the store keeps them beside it: a count is
+/// the tokens of the message's items, which depend on its text alone, so a host reading
+/// the message back takes it instead of tokenizing again (docs/sessions.md#the-store).
+fn token_counts(message: &Message) -> TokenCounts {
+    let memo = message.token_memo();
+    let pairs: Vec<String> = Tokenizer::ALL
+        .iter()
+        .filter_map(|t| memo.get(t.slot()).map(|count| format!("{}:{count}", t.as_str())))
+        .collect();
+    TokenCounts((!pairs.is_empty()).then(|| pairs.join(",")))
+}
+
+/// Gives `message`, read back, the counts stored with it. What does not read as a count
+/// is left out: they are a cache, and the message is counted again.
+fn give_token_counts(counts: &TokenCounts, message: &Message) {
+    let Some(text) = &counts.0 else { return };
+    for pair in text.split(',') {
+        let Some((name, count)) = pair.split_once(':') else {
+            continue;
+        };
+        if let (Some(tokenizer), Ok(count)) = (Tokenizer::parse(name), count.parse::<u64>()) {
+            message.token_memo().set(tokenizer.slot(), count);
+        }
+    }
 }
 
 /// The working copies a stored sent history references.
@@ -900,4 +926,31 @@ pub fn parse_override(value: &Value) -> Result<ExpirationOverride, SessionError>
         }
     }
     Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_counts_are_stored_by_tokenizer_name_and_a_bad_pair_is_left_out() {
+        let message = || parse_message(&serde_json::json!({"role": "user", "content": "hi"})).unwrap();
+        let counted = message();
+        assert_eq!(token_counts(&counted), TokenCounts(None), "nothing counted yet");
+        counted.token_memo().set(Tokenizer::O200kBase.slot(), 5);
+        counted.token_memo().set(Tokenizer::Chars4.slot(), 1);
+        let stored = token_counts(&counted);
+        assert_eq!(stored.0.as_deref(), Some("o200k_base:5,chars4:1"));
+
+        let read_back = message();
+        give_token_counts(&stored, &read_back);
+        assert_eq!(token_counts(&read_back), stored);
+
+        let damaged = message();
+        give_token_counts(
+            &TokenCounts(Some("o200k_base:5,bogus:3,cl100k_base:x,chars4".into())),
+            &damaged,
+        );
+        assert_eq!(token_counts(&damaged).0.as_deref(), Some("o200k_base:5"));
+    }
 }

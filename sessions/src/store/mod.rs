@@ -14,8 +14,6 @@ mod sqlite;
 use std::path::Path;
 use std::time::Duration;
 
-use plugin_api::Tokenizer;
-
 pub use pg::{round_trips, shown, PgStore};
 pub use sqlite::SqliteStore;
 
@@ -153,39 +151,11 @@ pub struct CopyRow {
 }
 
 /// A stored message's token counts, one per tokenizer a host counted it with, kept beside
-/// its text: a host that reads the message back (after a restart, after another host's
-/// turn, past `session_memory_mb`) takes them instead of tokenizing the text again
-/// (docs/sessions.md#the-store). Stored as `tokenizer:count` pairs
-/// (`o200k_base:812,chars4:1020`); `None` when none is known. A count is the tokens of
-/// the message's items, which depend on its text alone.
+/// its text as `tokenizer:count` pairs (`o200k_base:812,chars4:1020`); `None` when none is
+/// known. The store keeps the text as it keeps messages, uninterpreted; the session reads
+/// and writes it (docs/sessions.md#the-store).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenCounts(pub Option<String>);
-
-impl TokenCounts {
-    /// The counts `message` remembers.
-    pub fn of(message: &plugin_api::Message) -> TokenCounts {
-        let memo = message.token_memo();
-        let pairs: Vec<String> = Tokenizer::ALL
-            .iter()
-            .filter_map(|t| memo.get(t.slot()).map(|count| format!("{}:{count}", t.as_str())))
-            .collect();
-        TokenCounts((!pairs.is_empty()).then(|| pairs.join(",")))
-    }
-
-    /// Gives `message` these counts to remember. What does not read as counts is left
-    /// out: they are a cache, and the message is counted again.
-    pub fn give(&self, message: &plugin_api::Message) {
-        let Some(text) = &self.0 else { return };
-        for pair in text.split(',') {
-            let Some((name, count)) = pair.split_once(':') else {
-                continue;
-            };
-            if let (Some(tokenizer), Ok(count)) = (Tokenizer::parse(name), count.parse::<u64>()) {
-                message.token_memo().set(tokenizer.slot(), count);
-            }
-        }
-    }
-}
 
 /// A message of a stored working history.
 #[derive(Debug, Clone, PartialEq, Eq)]
