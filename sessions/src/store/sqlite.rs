@@ -618,6 +618,57 @@ mod tests {
         }
     }
 
+    /// A store written by an older host (schema 2: no `sent`, no `tokens`) opens: the
+    /// columns are added, its messages read back without counts; a newer one is refused.
+    #[test]
+    fn an_older_store_gains_the_new_columns_and_a_newer_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch(
+                "CREATE TABLE sessions (id TEXT PRIMARY KEY, model TEXT NOT NULL, \
+                   effective_ctx INTEGER NOT NULL, turn INTEGER NOT NULL, transcript_len INTEGER NOT NULL, \
+                   cleared_at INTEGER NOT NULL, expiration_override TEXT, created_at INTEGER NOT NULL, \
+                   last_active INTEGER NOT NULL, next_copy INTEGER NOT NULL, working TEXT NOT NULL); \
+                 CREATE TABLE transcript (session_id TEXT NOT NULL, seq INTEGER NOT NULL, \
+                   turn INTEGER NOT NULL, message TEXT NOT NULL, PRIMARY KEY (session_id, seq)); \
+                 CREATE TABLE working_copies (session_id TEXT NOT NULL, key INTEGER NOT NULL, seq INTEGER, \
+                   message TEXT NOT NULL, PRIMARY KEY (session_id, key)); \
+                 INSERT INTO sessions VALUES ('a', 'm', 10, 1, 1, 0, NULL, 1, 1, 1, '1'); \
+                 INSERT INTO transcript VALUES ('a', 1, 1, '{\"role\":\"user\",\"content\":\"q\"}'); \
+                 PRAGMA user_version = 2;",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let loaded = store.load("a").unwrap().unwrap();
+        assert_eq!(loaded.working.len(), 1);
+        assert_eq!(
+            loaded.working[0].tokens,
+            TokenCounts(None),
+            "stored before counts were"
+        );
+        assert_eq!(loaded.sent, None);
+        let version: i64 = store
+            .reader()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        drop(store);
+
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(&format!("PRAGMA user_version = {};", SCHEMA_VERSION + 1))
+            .unwrap();
+        let refused = SqliteStore::open(&path).err().expect("a newer store is refused");
+        assert!(
+            refused.message.contains("newer history-host"),
+            "{}",
+            refused.message
+        );
+    }
+
     #[test]
     fn a_committed_turn_is_there_after_reopening() {
         let dir = tempfile::tempdir().unwrap();
