@@ -432,3 +432,75 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
         "message 2 is only the sent history's"
     );
 }
+
+/// A database a host of schema 3 wrote (before lz4 and the messages' token counts) is
+/// migrated on start, keeps every session, and takes turns after (docs/scaling-out.md).
+#[test]
+fn a_database_of_an_older_host_is_migrated_and_its_sessions_go_on() {
+    if postgres_url("sessions_hosts::a_database_of_an_older_host_is_migrated_and_its_sessions_go_on")
+        .is_none()
+    {
+        return;
+    }
+    let config = shipped_config("", &[]);
+    let store = TestStore::new(Kind::Postgres, &config);
+    let url = store.path().to_string_lossy().to_string();
+    // Schema 3 as that host left it, with one session of one turn.
+    let mut old = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    old.batch_execute(
+        "CREATE TABLE history_schema (version BIGINT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
+         INSERT INTO history_schema (version) VALUES (1), (2), (3);
+         CREATE TABLE sessions (id TEXT PRIMARY KEY, model TEXT NOT NULL, effective_ctx BIGINT NOT NULL,
+           turn BIGINT NOT NULL, transcript_len BIGINT NOT NULL, cleared_at BIGINT NOT NULL,
+           expiration_override TEXT, created_at BIGINT NOT NULL, last_active BIGINT NOT NULL,
+           next_copy BIGINT NOT NULL, working TEXT NOT NULL, version BIGINT NOT NULL, sent TEXT);
+         CREATE TABLE transcript (session_id TEXT NOT NULL, seq BIGINT NOT NULL, turn BIGINT NOT NULL,
+           message TEXT NOT NULL, PRIMARY KEY (session_id, seq));
+         CREATE TABLE working_copies (session_id TEXT NOT NULL, key BIGINT NOT NULL, seq BIGINT,
+           message TEXT NOT NULL, PRIMARY KEY (session_id, key));
+         CREATE TABLE summaries (key TEXT PRIMARY KEY, summary TEXT NOT NULL, created_at BIGINT NOT NULL);
+         INSERT INTO sessions VALUES ('old-session', 'local-8k', 8192, 1, 2, 0, NULL, 1, 1, 1, '1-2', 1, '1-2');
+         INSERT INTO transcript VALUES
+           ('old-session', 1, 1, '{\"role\":\"user\",\"content\":\"before the upgrade\",\"metadata\":{\"id\":\"old-session-1\",\"turn_added\":1}}'),
+           ('old-session', 2, 1, '{\"role\":\"assistant\",\"content\":\"noted\",\"metadata\":{\"id\":\"old-session-2\",\"turn_added\":1}}');",
+    )
+    .unwrap();
+    drop(old);
+
+    let server = Server::start(&config.path, store.path(), &[]);
+    let history = server.history("old-session", false);
+    assert_eq!(history[0]["content"], "before the upgrade", "{history}");
+    let answer = server.post(
+        "/v1/sessions/old-session/turns",
+        &j!({"messages": [{"role": "user", "content": "after the upgrade"}]}),
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body["turn"], 2);
+    assert_eq!(server.transcript("old-session").len(), 3);
+    assert_eq!(server.stop().code(), Some(0));
+
+    let mut check = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let version: i64 = check
+        .query_one("SELECT max(version) FROM history_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 5);
+    let counted: Vec<Option<String>> = check
+        .query(
+            "SELECT tokens FROM transcript WHERE session_id = 'old-session' ORDER BY seq",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        counted[..2],
+        [None, None],
+        "rows of the older host have no counts"
+    );
+    assert!(
+        counted[2].is_some(),
+        "the new turn's message is stored with its counts: {counted:?}"
+    );
+}
