@@ -241,37 +241,35 @@ impl Session {
     fn held_messages(&self) -> HashMap<WorkingRef, &RArc<Message>> {
         let mut held: HashMap<WorkingRef, &RArc<Message>> =
             self.refs.iter().copied().zip(&self.working).collect();
-        if let (Some(encoded), Some(messages)) = (&self.sent, &self.last_sent) {
-            if let Ok(entries) = decode_sent(encoded) {
-                for (entry, message) in entries.iter().zip(messages) {
-                    if let SentEntry::Ref(reference) = entry {
-                        held.entry(*reference).or_insert(message);
-                    }
-                }
-            }
+        for (reference, message) in self.sent_references() {
+            held.entry(reference).or_insert(message);
         }
         held
+    }
+
+    /// The last sent history's messages that are store references, with them.
+    fn sent_references(&self) -> impl Iterator<Item = (WorkingRef, &RArc<Message>)> {
+        let entries = match (&self.sent, &self.last_sent) {
+            (Some(encoded), Some(_)) => decode_sent(encoded).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        entries
+            .into_iter()
+            .zip(self.last_sent.iter().flatten())
+            .filter_map(|(entry, message)| match entry {
+                SentEntry::Ref(reference) => Some((reference, message)),
+                SentEntry::Inline(_) => None,
+            })
     }
 
     /// What this host holds of the session, for [`Store::lock`]: a read-back after
     /// another host's change sends only the messages not among these (the references of
     /// [`Session::held_messages`], repeats and all).
     pub fn host_copy(&self) -> HostCopy {
-        let mut refs = self.refs.clone();
-        if let (Some(encoded), Some(_)) = (&self.sent, &self.last_sent) {
-            refs.extend(
-                decode_sent(encoded)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|entry| match entry {
-                        SentEntry::Ref(reference) => Some(reference),
-                        SentEntry::Inline(_) => None,
-                    }),
-            );
-        }
+        let sent = self.sent_references().map(|(reference, _)| reference);
         HostCopy {
             version: self.row.version,
-            refs,
+            refs: self.refs.iter().copied().chain(sent).collect(),
         }
     }
 
@@ -384,17 +382,6 @@ impl Session {
             meta.timestamp = ROption::RSome(stamp.as_str().into());
         }
         turns::stamp_entering(&mut entering, turn, Some(first_seq));
-        let mut transcript: Vec<TranscriptRow> = entering
-            .iter()
-            .enumerate()
-            .map(|(offset, m)| TranscriptRow {
-                seq: first_seq + offset as u64,
-                turn,
-                message: message_to_string(m),
-                tokens: TokenCounts::default(),
-            })
-            .collect();
-
         let mut known = self.known();
         for (offset, message) in entering.iter().enumerate() {
             known
@@ -421,10 +408,18 @@ impl Session {
         let sent_copies = copies_of(&sent_entries);
         let sent = encode_sent(&sent_entries);
         let dropped = self.dropped(&update.refs, &sent_copies);
-        // Counted by the chain now: stored with them, so a read-back does not count again.
-        for (stored, message) in transcript.iter_mut().zip(&entering) {
-            stored.tokens = token_counts(message);
-        }
+        // After the chain, which counted them: stored with their counts, so a read-back
+        // does not count them again.
+        let transcript: Vec<TranscriptRow> = entering
+            .iter()
+            .enumerate()
+            .map(|(offset, m)| TranscriptRow {
+                seq: first_seq + offset as u64,
+                turn,
+                message: message_to_string(m),
+                tokens: token_counts(m),
+            })
+            .collect();
         env.store.commit(&SessionWrite {
             row: Some(&row),
             transcript: &transcript,
