@@ -13,93 +13,31 @@
 //! The client is the synchronous `postgres` crate with an `r2d2` pool: the [`Store`] trait
 //! is synchronous and the service calls it on blocking threads.
 
+mod schema;
+mod sql;
+
 use std::time::Duration;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use postgres::{GenericClient, NoTls, SimpleQueryMessage, SimpleQueryRow};
-use postgres_protocol::escape::escape_literal;
+use postgres::{GenericClient, NoTls};
 use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
 use super::{
-    decode_working, encode_working, resolve_sent, HostCopy, Locked, SessionLock, SessionRow, SessionWrite,
-    Store, StoreError, StoredMessage, StoredSession, TokenCounts, TranscriptRow, WorkingRef,
+    decode_working, HostCopy, Locked, SessionLock, SessionRow, SessionWrite, Store, StoreError,
+    StoredSession, TokenCounts, TranscriptRow,
+};
+use schema::{check_version, migrate};
+pub use sql::round_trips;
+use sql::{
+    batch, lit, num, read_statements, session_of, trips, write_statement, PrepareStatements, ROW_COLUMNS,
+    SESSION_KEY,
 };
 
 type Manager = PostgresConnectionManager<NoTls>;
 type Pool = r2d2::Pool<Manager>;
 type Connection = r2d2::PooledConnection<Manager>;
 
-/// The schema, one entry per version; a host applies the ones the database lacks.
-/// 1: sessions, transcripts, working copies; 2: `summaries`, the summarizer's answers;
-/// 3: `sessions.sent`, the last sent history (`super::encode_sent`); 4: lz4 compression of
-/// the message texts; 5: the messages' `tokens` (`super::TokenCounts`).
-const MIGRATIONS: &[&str] = &[
-    "
-CREATE TABLE sessions (
-    id TEXT PRIMARY KEY,
-    model TEXT NOT NULL,
-    effective_ctx BIGINT NOT NULL,
-    turn BIGINT NOT NULL,
-    transcript_len BIGINT NOT NULL,
-    cleared_at BIGINT NOT NULL,
-    expiration_override TEXT,
-    created_at BIGINT NOT NULL,
-    last_active BIGINT NOT NULL,
-    next_copy BIGINT NOT NULL,
-    working TEXT NOT NULL,
-    version BIGINT NOT NULL
-);
-CREATE INDEX sessions_last_active ON sessions (last_active);
-CREATE TABLE transcript (
-    session_id TEXT NOT NULL,
-    seq BIGINT NOT NULL,
-    turn BIGINT NOT NULL,
-    message TEXT NOT NULL,
-    PRIMARY KEY (session_id, seq)
-);
-CREATE TABLE working_copies (
-    session_id TEXT NOT NULL,
-    key BIGINT NOT NULL,
-    seq BIGINT,
-    message TEXT NOT NULL,
-    PRIMARY KEY (session_id, key)
-);
-",
-    "
-CREATE TABLE summaries (
-    key TEXT PRIMARY KEY,
-    summary TEXT NOT NULL,
-    created_at BIGINT NOT NULL
-);
-",
-    "
-ALTER TABLE sessions ADD COLUMN sent TEXT;
-",
-    // Large texts compressed with lz4 where the server has it (PostgreSQL 14 and later,
-    // built with it) rather than pglz, which cost about a tenth of the server's CPU under
-    // the serve bench. Values stored before keep their compression; both read back.
-    "
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression'
-               AND 'lz4' = ANY(enumvals)) THEN
-        ALTER TABLE transcript ALTER COLUMN message SET COMPRESSION lz4;
-        ALTER TABLE working_copies ALTER COLUMN message SET COMPRESSION lz4;
-        ALTER TABLE sessions ALTER COLUMN sent SET COMPRESSION lz4;
-    END IF;
-END
-$$;
-",
-    "
-ALTER TABLE transcript ADD COLUMN tokens TEXT;
-ALTER TABLE working_copies ADD COLUMN tokens TEXT;
-",
-];
-
-/// Advisory lock keys of the store as a whole (a session's key is a hash of its id).
-const MIGRATION_LOCK: i64 = 0x6869_7374_6d69_6772;
+/// The advisory lock key of session creation as a whole, so two hosts cannot both take
+/// the last place under `max_users` (a session's key is a hash of its id).
 const CREATE_LOCK: i64 = 0x6869_7374_6372_6561;
 
 /// How long taking a connection from the pool may wait before the database counts as
@@ -149,9 +87,6 @@ fn err(e: postgres::Error) -> StoreError {
 fn pool_err(e: r2d2::Error) -> StoreError {
     StoreError::unavailable(format!("cannot reach the database: {e}"))
 }
-
-/// The advisory lock key of session `id`, computed by the server.
-const SESSION_KEY: &str = "hashtextextended('history-session:' || $1, 0)";
 
 /// A store's location for messages: a URL without its password.
 pub fn shown(location: &std::path::Path) -> String {
@@ -221,128 +156,6 @@ impl PgStore {
     }
 }
 
-/// The oldest PostgreSQL the store runs on: its reads subtract multiranges (14).
-const OLDEST_SERVER: u32 = 140_000;
-
-/// Refuses a server older than [`OLDEST_SERVER`], naming both versions.
-fn check_version(c: &mut postgres::Client) -> Result<(), StoreError> {
-    let row = c.query_one("SHOW server_version_num", &[]).map_err(err)?;
-    let version: String = row.get(0);
-    match version.parse::<u32>() {
-        Ok(number) if number < OLDEST_SERVER => Err(StoreError::new(format!(
-            "PostgreSQL {}.{} is too old: the store needs PostgreSQL 14 or later",
-            number / 10_000,
-            number % 10_000
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// Applies the migrations the database lacks, one host at a time.
-fn migrate(c: &mut postgres::Client) -> Result<(), StoreError> {
-    c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
-        .map_err(err)?;
-    let result = (|| {
-        c.batch_execute(
-            "CREATE TABLE IF NOT EXISTS history_schema (version BIGINT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .map_err(err)?;
-        let current: i64 = c
-            .query_one("SELECT COALESCE(max(version), 0) FROM history_schema", &[])
-            .map_err(err)?
-            .get(0);
-        let known = MIGRATIONS.len() as i64;
-        if current > known {
-            return Err(StoreError::new(format!(
-                "the database was migrated by a newer history-host (schema {current}, this one knows {known})"
-            )));
-        }
-        for (index, migration) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-            let version = index as i64 + 1;
-            let mut tx = c.transaction().map_err(err)?;
-            tx.batch_execute(migration).map_err(err)?;
-            tx.execute("INSERT INTO history_schema (version) VALUES ($1)", &[&version])
-                .map_err(err)?;
-            tx.commit().map_err(err)?;
-            tracing::info!("store: schema migrated to version {version}");
-        }
-        Ok(())
-    })();
-    c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-        .map_err(err)?;
-    result
-}
-
-const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript_len, cleared_at, \
-     expiration_override, created_at, last_active, next_copy, working, version";
-
-/// The statements a turn runs, prepared once on each pooled connection as it opens
-/// ([`PrepareStatements`]) and run by `EXECUTE` inside the turn's simple queries: the
-/// server then parses and plans each once per connection, not once per turn — most of
-/// its CPU otherwise (docs/scaling-out.md#round-trips).
-///
-/// - `history_lock`, `history_unlock`: session `$1`'s advisory lock;
-/// - `history_version`: its stored version;
-/// - `history_read_row`, `history_read_transcript`, `history_read_copies`: the session's
-///   row, and the transcript rows and copies its histories reference, when its version
-///   is not `$2` (NULL: always), leaving out the transcript rows in `$3` (an
-///   `int8multirange` of seqs, [`seq_ranges`]) and the copies in `$3` (keys) —
-///   [`read_statements`];
-/// - `history_write`: one change of a session — [`write_statement`].
-fn prepare_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "SET jit = off; SET plan_cache_mode = force_generic_plan; \
-             PREPARE history_lock(text) AS SELECT pg_advisory_lock({SESSION_KEY}); \
-             PREPARE history_unlock(text) AS SELECT pg_advisory_unlock({SESSION_KEY}); \
-             PREPARE history_version(text) AS SELECT version FROM sessions WHERE id = $1; \
-             PREPARE history_read_row(text, bigint) AS \
-               SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2; \
-             PREPARE history_read_transcript(text, bigint, int8multirange) AS \
-               SELECT n.seq, t.message, t.tokens \
-               FROM (SELECT range_agg(int8range(split_part(item, '-', 1)::bigint, \
-                         COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint, '[]')) \
-                     FROM sessions s, unnest(string_to_array( \
-                         s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
-                     WHERE s.id = $1 AND s.version IS DISTINCT FROM $2 AND item ~ '^[0-9]') AS w(wanted), \
-                 LATERAL unnest(w.wanted - $3) AS r(run), \
-                 LATERAL generate_series(lower(r.run), upper(r.run) - 1) AS n(seq), \
-                 LATERAL (SELECT message, tokens FROM transcript \
-                          WHERE session_id = $1 AND seq = n.seq OFFSET 0) AS t; \
-             PREPARE history_read_copies(text, bigint, bigint[]) AS \
-               SELECT key, seq, message, tokens FROM working_copies WHERE session_id = $1 AND key <> ALL($3) \
-               AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2); \
-             PREPARE history_write(text, text, bigint, bigint, bigint, bigint, text, bigint, bigint, \
-                                   text, text, bigint, bigint[], bigint[], text[], text[], bigint[], \
-                                   bigint[], text[], text[], bigint[]) AS \
-               WITH u AS (UPDATE sessions SET model = $2, effective_ctx = $3, turn = $4, \
-                   transcript_len = $5, cleared_at = $6, expiration_override = $7, last_active = $8, \
-                   next_copy = $9, working = $10, sent = $11, version = $12 \
-                   WHERE id = $1 AND version = $12 - 1 RETURNING id), \
-                 t AS (INSERT INTO transcript (session_id, seq, turn, message, tokens) \
-                   SELECT u.id, v.seq, v.turn, v.message, v.tokens \
-                   FROM u, unnest($13, $14, $15, $16) AS v(seq, turn, message, tokens)), \
-                 c AS (INSERT INTO working_copies (session_id, key, seq, message, tokens) \
-                   SELECT u.id, v.key, v.seq, v.message, v.tokens \
-                   FROM u, unnest($17, $18, $19, $20) AS v(key, seq, message, tokens)), \
-                 d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key = ANY($21)) \
-               SELECT count(*) FROM u"
-        )
-    })
-}
-
-/// Prepares [`prepare_sql`]'s statements on each connection the pool opens.
-#[derive(Debug)]
-struct PrepareStatements;
-
-impl r2d2::CustomizeConnection<postgres::Client, postgres::Error> for PrepareStatements {
-    fn on_acquire(&self, c: &mut postgres::Client) -> Result<(), postgres::Error> {
-        trips(1);
-        c.batch_execute(prepare_sql())
-    }
-}
-
 fn row_of(r: &postgres::Row) -> (SessionRow, String) {
     (
         SessionRow {
@@ -360,61 +173,6 @@ fn row_of(r: &postgres::Row) -> (SessionRow, String) {
         },
         r.get(10),
     )
-}
-
-/// PostgreSQL round trips this process made to its store (each message sent and its answer
-/// waited for), for `history_store_round_trips_total` (docs/scaling-out.md#round-trips).
-static ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
-
-/// The round trips made so far.
-pub fn round_trips() -> u64 {
-    ROUND_TRIPS.load(Ordering::Relaxed)
-}
-
-/// Counts `n` round trips. A statement given as text with parameters costs two (the
-/// client prepares it, then runs it); a simple query, however many statements it holds,
-/// one.
-fn trips(n: u64) {
-    ROUND_TRIPS.fetch_add(n, Ordering::Relaxed);
-}
-
-/// Runs `sql` (one or several statements) as one simple query: one round trip. Returns
-/// each statement's rows, in order.
-fn batch(c: &mut postgres::Client, sql: &str) -> Result<Vec<Vec<SimpleQueryRow>>, postgres::Error> {
-    trips(1);
-    let mut statements = vec![Vec::new()];
-    for message in c.simple_query(sql)? {
-        match message {
-            SimpleQueryMessage::Row(row) => statements.last_mut().expect("one at least").push(row),
-            SimpleQueryMessage::CommandComplete(_) => statements.push(Vec::new()),
-            _ => {}
-        }
-    }
-    statements.pop();
-    Ok(statements)
-}
-
-/// A text as an SQL literal (the only way values enter a simple query).
-fn lit(text: &str) -> String {
-    escape_literal(text)
-}
-
-fn opt_lit(text: Option<&str>) -> String {
-    text.map_or_else(|| "NULL".to_string(), lit)
-}
-
-/// Column `i` of a simple query's row as a number.
-fn num(row: &SimpleQueryRow, i: usize) -> Result<u64, StoreError> {
-    row.get(i)
-        .and_then(|v| v.parse::<i64>().ok())
-        .map(|v| v as u64)
-        .ok_or_else(|| StoreError::new(format!("the store answered a non-number in column {i}")))
-}
-
-fn text(row: &SimpleQueryRow, i: usize) -> Result<String, StoreError> {
-    row.get(i)
-        .map(str::to_string)
-        .ok_or_else(|| StoreError::new(format!("the store answered NULL in column {i}")))
 }
 
 fn insert(c: &mut impl GenericClient, row: &SessionRow) -> Result<(), StoreError> {
@@ -441,56 +199,6 @@ fn insert(c: &mut impl GenericClient, row: &SessionRow) -> Result<(), StoreError
     Ok(())
 }
 
-/// One session write as one statement (`history_write`, [`prepare_sql`]): the row's
-/// update, refused unless `row.version` follows the stored version, and the transcript
-/// rows and copies added and dropped, each only if the update happened (they read its
-/// result). It answers 1 when written, 0 when refused (then nothing is).
-fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
-    let Some(row) = write.row else {
-        return Err(StoreError::new("a session write needs its row"));
-    };
-    let transcript = write.transcript;
-    let copies = write.new_copies;
-    Ok(format!(
-        "EXECUTE history_write({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
-        lit(&row.id),
-        lit(&row.model),
-        row.effective_ctx as i64,
-        row.turn as i64,
-        row.transcript_len as i64,
-        row.cleared_at as i64,
-        opt_lit(row.expiration_override.as_deref()),
-        row.last_active as i64,
-        row.next_copy as i64,
-        lit(&encode_working(write.working)),
-        opt_lit(write.sent),
-        row.version as i64,
-        numbers(transcript.iter().map(|t| Some(t.seq))),
-        numbers(transcript.iter().map(|t| Some(t.turn))),
-        texts(transcript.iter().map(|t| Some(t.message.as_str()))),
-        texts(transcript.iter().map(|t| t.tokens.0.as_deref())),
-        numbers(copies.iter().map(|c| Some(c.key))),
-        numbers(copies.iter().map(|c| c.seq)),
-        texts(copies.iter().map(|c| Some(c.message.as_str()))),
-        texts(copies.iter().map(|c| c.tokens.0.as_deref())),
-        numbers(write.dropped_copies.iter().copied().map(Some)),
-    ))
-}
-
-/// Numbers (NULL for `None`) as an SQL `bigint[]` literal.
-fn numbers(values: impl Iterator<Item = Option<u64>>) -> String {
-    let items: Vec<String> = values
-        .map(|v| v.map_or_else(|| "NULL".to_string(), |v| (v as i64).to_string()))
-        .collect();
-    format!("'{{{}}}'::bigint[]", items.join(","))
-}
-
-/// Texts (NULL for `None`) as an SQL `text[]` value, each an escaped literal.
-fn texts<'a>(values: impl Iterator<Item = Option<&'a str>>) -> String {
-    let items: Vec<String> = values.map(opt_lit).collect();
-    format!("ARRAY[{}]::text[]", items.join(", "))
-}
-
 fn refused(write: &SessionWrite<'_>) -> StoreError {
     StoreError::new(format!(
         "session {} changed on another host, or is gone: nothing written",
@@ -512,145 +220,6 @@ fn commit_on(c: &mut postgres::Client, write: &SessionWrite<'_>) -> Result<(), S
         return Err(refused(write));
     }
     Ok(())
-}
-
-/// The statements that read session `id` (its row, then the transcript rows and copies
-/// its working and sent histories reference) when its stored version is not the one the
-/// host holds (`held`; `None`: always), leaving out the messages the host holds. The
-/// references are expanded by the server from the row itself (`history_read_*`,
-/// [`prepare_sql`]), so the row and its messages come back in one round trip.
-fn read_statements(id: &str, held: Option<&HostCopy>) -> String {
-    let id = lit(id);
-    let (version, seqs, keys) = match held {
-        Some(held) => {
-            let seqs = held.refs.iter().filter_map(|r| match r {
-                WorkingRef::Transcript(seq) => Some(*seq),
-                WorkingRef::Copy(_) => None,
-            });
-            let keys = held.refs.iter().filter_map(|r| match r {
-                WorkingRef::Copy(key) => Some(Some(*key)),
-                WorkingRef::Transcript(_) => None,
-            });
-            (
-                (held.version as i64).to_string(),
-                seq_ranges(seqs.collect()),
-                numbers(keys),
-            )
-        }
-        None => (
-            "NULL".to_string(),
-            seq_ranges(Vec::new()),
-            numbers(std::iter::empty()),
-        ),
-    };
-    format!(
-        "EXECUTE history_read_row({id}, {version}); \
-         EXECUTE history_read_transcript({id}, {version}, {seqs}); \
-         EXECUTE history_read_copies({id}, {version}, {keys})"
-    )
-}
-
-/// Transcript seqs as an SQL `int8multirange` literal: each run of consecutive seqs one
-/// range, so the server subtracts what a host holds from what a session references in a
-/// few range operations, however long the session.
-fn seq_ranges(mut seqs: Vec<u64>) -> String {
-    seqs.sort_unstable();
-    seqs.dedup();
-    let mut ranges = Vec::new();
-    let mut i = 0;
-    while i < seqs.len() {
-        let mut j = i;
-        while j + 1 < seqs.len() && seqs[j + 1] == seqs[j] + 1 {
-            j += 1;
-        }
-        ranges.push(format!("[{},{}]", seqs[i] as i64, seqs[j] as i64));
-        i = j + 1;
-    }
-    format!("'{{{}}}'::int8multirange", ranges.join(","))
-}
-
-/// A session from the answers of [`read_statements`]; `None` if its row is not there.
-fn session_of(
-    id: &str,
-    answers: &[Vec<SimpleQueryRow>],
-    held: Option<&HostCopy>,
-) -> Result<Option<StoredSession>, StoreError> {
-    let [rows, transcript_rows, copy_rows] = answers else {
-        return Err(StoreError::new(
-            "the store answered an unexpected number of results",
-        ));
-    };
-    let Some(r) = rows.first() else {
-        return Ok(None);
-    };
-    let row = SessionRow {
-        id: text(r, 0)?,
-        model: text(r, 1)?,
-        effective_ctx: num(r, 2)?,
-        turn: num(r, 3)?,
-        transcript_len: num(r, 4)?,
-        cleared_at: num(r, 5)?,
-        expiration_override: r.get(6).map(str::to_string),
-        created_at: num(r, 7)?,
-        last_active: num(r, 8)?,
-        next_copy: num(r, 9)?,
-        version: num(r, 11)?,
-    };
-    let refs = decode_working(&text(r, 10)?)?;
-    let sent = r.get(12).map(str::to_string);
-    // Each message read: its seq (a copy's may be none), text and token counts.
-    let tokens = |row: &SimpleQueryRow, i: usize| TokenCounts(row.get(i).map(str::to_string));
-    let mut transcript = HashMap::new();
-    for t in transcript_rows {
-        let seq = num(t, 0)?;
-        transcript.insert(seq, (Some(seq), text(t, 1)?, tokens(t, 2)));
-    }
-    let mut copies = HashMap::new();
-    for c in copy_rows {
-        let seq = match c.get(1) {
-            Some(_) => Some(num(c, 1)?),
-            None => None,
-        };
-        copies.insert(num(c, 0)?, (seq, text(c, 2)?, tokens(c, 3)));
-    }
-    let held_refs: std::collections::HashSet<WorkingRef> =
-        held.map(|h| h.refs.iter().copied().collect()).unwrap_or_default();
-    let mut working = Vec::with_capacity(refs.len());
-    for reference in refs {
-        let found = match reference {
-            WorkingRef::Transcript(seq) => transcript.get(&seq),
-            WorkingRef::Copy(key) => copies.get(&key),
-        };
-        let message = match found {
-            Some((seq, text, tokens)) => StoredMessage {
-                reference,
-                seq: *seq,
-                text: Some(text.clone()),
-                tokens: tokens.clone(),
-            },
-            // Left out of the read: the host holds it.
-            None if held_refs.contains(&reference) => StoredMessage {
-                reference,
-                seq: None,
-                text: None,
-                tokens: TokenCounts::default(),
-            },
-            None => {
-                return Err(StoreError::new(format!(
-                    "session {id}: working history entry {reference:?} is missing"
-                )))
-            }
-        };
-        working.push(message);
-    }
-    let sent = resolve_sent(sent, &working, held, |r| {
-        let found = match r {
-            WorkingRef::Transcript(seq) => transcript.get(&seq),
-            WorkingRef::Copy(key) => copies.get(&key),
-        };
-        Ok(found.map(|(_, text, _)| text.clone()))
-    })?;
-    Ok(Some(StoredSession { row, working, sent }))
 }
 
 /// A session with its working and sent histories, read in one snapshot and one round trip.
@@ -1011,16 +580,6 @@ impl Store for PgStore {
 #[cfg(test)]
 mod tests {
     use super::hide_password as shown;
-
-    #[test]
-    fn held_seqs_are_sent_as_runs() {
-        use super::seq_ranges;
-        assert_eq!(seq_ranges(vec![]), "'{}'::int8multirange");
-        assert_eq!(
-            seq_ranges(vec![7, 1, 2, 3, 9, 10, 2]),
-            "'{[1,3],[7,7],[9,10]}'::int8multirange"
-        );
-    }
 
     #[test]
     fn a_url_is_shown_without_its_password() {
