@@ -41,6 +41,7 @@
 //! - **peak RSS** of the process after the replays (VmHWM).
 
 mod big;
+mod cpu;
 mod isolated;
 mod loopback;
 mod proxy;

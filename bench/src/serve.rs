@@ -31,6 +31,7 @@ use history_bench::{generate, split_turns};
 use hyper::Method;
 use serde_json::{json, Value};
 
+use crate::cpu;
 use crate::loopback::{self, http_client, latency, round, Chain, HttpClient, Serve};
 use crate::{check_flags, flag, Result};
 
@@ -371,7 +372,20 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
         config: config.clone(),
         count: reloads,
     });
+    // The CPU each part uses under the load (crate::cpu): the hosts, the database server
+    // when there is one, and the bench's own clients.
+    let pids = || servers.iter().map(|s| s.pid());
+    let cpu_before = (
+        cpu::Sample::of(pids()),
+        cpu::Sample::named("postgres"),
+        cpu::Sample::of([std::process::id()]),
+    );
     let load = runtime.block_on(drive(&addrs, case, settings.time_cap, reload));
+    let cpu_ms = [
+        cpu::Sample::of(pids()).ms_since(&cpu_before.0),
+        cpu::Sample::named("postgres").ms_since(&cpu_before.1),
+        cpu::Sample::of([std::process::id()]).ms_since(&cpu_before.2),
+    ];
     let peak_rss = servers
         .iter()
         .map(Serve::peak_rss_mb)
@@ -382,6 +396,7 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
     }
     let load = load?;
     let peak_rss = peak_rss?;
+    let postgres = database.is_some();
     if let Some(database) = database {
         database.drop_it()?;
     }
@@ -406,8 +421,23 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
             json!(round(load.round_trips as f64 / load.latencies.len() as f64, 2))
         },
         "peak_rss_mb": round(peak_rss, 1),
+        "cpu_ms_per_turn": cpu_per_turn(&cpu_ms, load.latencies.len(), postgres),
         "reload": reload,
     }))
+}
+
+/// CPU milliseconds per turn of the hosts, the database server (PostgreSQL only) and the
+/// bench's clients, from what each used over the load.
+fn cpu_per_turn(ms: &[f64; 3], turns: usize, database: bool) -> Value {
+    if turns == 0 {
+        return Value::Null;
+    }
+    let per_turn = |ms: f64| round(ms / turns as f64, 3);
+    json!({
+        "hosts": per_turn(ms[0]),
+        "database": database.then(|| per_turn(ms[1])),
+        "clients": per_turn(ms[2]),
+    })
 }
 
 /// The turns that overlapped a reload's window against the rest.
@@ -751,6 +781,12 @@ fn print_table(r: &Value) {
             );
         }
         println!("  chain/floor: {}", case["chain_over_floor"]);
+        for name in ["chain", "floor"] {
+            println!(
+                "  CPU ms per turn, {name}: {}",
+                cpu_line(&case[name]["cpu_ms_per_turn"])
+            );
+        }
         if r["store"] == "postgres" {
             println!(
                 "  PostgreSQL round trips per turn: chain {}   floor {}",
@@ -776,12 +812,28 @@ fn print_table(r: &Value) {
                     }
                 );
             }
+            for name in ["chain", "floor"] {
+                println!(
+                    "  CPU ms per turn, {name}: {}",
+                    cpu_line(&lite[name]["cpu_ms_per_turn"])
+                );
+            }
             println!(
                 "  {} hosts on PostgreSQL / one host on SQLite, turns/s: {} (target ≥ 0.7 with the chain)",
                 r["hosts"], lite["postgres_over_sqlite_turns_per_s"]
             );
         }
     }
+}
+
+/// `hosts 0.61   database 0.48   clients 0.2` (the database only where there is one).
+fn cpu_line(cpu: &Value) -> String {
+    ["hosts", "database", "clients"]
+        .iter()
+        .filter(|part| !cpu[**part].is_null())
+        .map(|part| format!("{part} {}", cpu[*part]))
+        .collect::<Vec<_>>()
+        .join("   ")
 }
 
 /// A fresh PostgreSQL database per run, made through the server `--store` names and

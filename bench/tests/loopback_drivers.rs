@@ -70,6 +70,12 @@ fn the_serve_and_proxy_drivers_report_every_turn_and_request() {
         assert_eq!(case[run]["errors"], 0, "{run}: {case}");
         assert!(case[run]["peak_rss_mb"].as_f64().unwrap() > 1.0, "{case}");
         assert!(case[run]["latency"]["p99_ms"].as_f64().unwrap() > 0.0, "{case}");
+        // CPU per turn of the hosts and clients (a dozen turns may take less than a
+        // tick); no database part on SQLite.
+        let cpu = &case[run]["cpu_ms_per_turn"];
+        assert!(cpu["hosts"].as_f64().is_some_and(|ms| ms >= 0.0), "{case}");
+        assert!(cpu["clients"].as_f64().is_some(), "{case}");
+        assert!(cpu["database"].is_null(), "{case}");
     }
     assert_eq!(
         case["floor"]["stages"],
