@@ -23,7 +23,7 @@ use crate::error::{ErrorKind, SessionError};
 use crate::metrics::Metrics;
 use crate::reload::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
-use crate::store::{self, Locked, SessionRow, Store, StoreError, TranscriptRow};
+use crate::store::{self, Locked, SessionLock, SessionRow, Store, StoreError, TranscriptRow};
 
 mod settings;
 mod stores;
@@ -458,47 +458,8 @@ impl Service {
                 return Err(SessionError::not_found(&id));
             }
             let _settings = service.settings.read().unwrap_or_else(|e| e.into_inner());
-            // On a shared store: the session's lock across hosts, and the session as
-            // stored if another host changed it since this one last did.
-            let mut locked = None;
-            let held = guard
-                .as_ref()
-                .filter(|_| service.store.shared())
-                .map(Session::host_copy);
-            match service.store.lock(&id, held.as_ref())? {
-                Locked::NotShared => {}
-                Locked::Busy => {
-                    return Err(SessionError::new(
-                        ErrorKind::Busy,
-                        format!(
-                        "session \"{id}\" is busy: an operation on it still runs on another host after {} ms",
-                        service.turn_wait.as_millis()
-                    ),
-                    ))
-                }
-                Locked::Held(mut lock) => {
-                    let Some(version) = lock.version() else {
-                        // Deleted or reaped by another host.
-                        slot.closed.store(true, Ordering::SeqCst);
-                        service.slots().remove(&id);
-                        return Err(SessionError::not_found(&id));
-                    };
-                    if guard.as_ref().is_none_or(|s| s.row.version != version) {
-                        // The last sent history comes with it: stored with each turn.
-                        let stored = lock.load()?.ok_or_else(|| SessionError::not_found(&id))?;
-                        *guard = Some(Session::from_stored_reusing(stored, guard.as_ref())?);
-                    }
-                    locked = Some(lock);
-                }
-            }
-            if guard.is_none() {
-                let stored = service
-                    .store
-                    .load(&id)?
-                    .ok_or_else(|| SessionError::not_found(&id))?;
-                *guard = Some(Session::from_stored(stored)?);
-            }
-            let session = guard.as_mut().expect("loaded above");
+            let locked = service.bring_in(&slot, &id, &mut guard)?;
+            let session = guard.as_mut().expect("bring_in leaves it in memory");
             // effective_ctx may have changed host-wide (`!maxctx`) since the last operation.
             session.row.effective_ctx = slot.info().effective_ctx;
             let config = service.config();
@@ -537,6 +498,55 @@ impl Service {
                 format!("the session operation failed: {e}"),
             ))
         })
+    }
+
+    /// Makes `session` (the slot's, under its lock) the stored one, before an operation.
+    /// On a shared store it takes the session's lock across hosts, and reads the session
+    /// back if another host changed it since this one last did (only what this host
+    /// lacks). Otherwise it loads the session if it is not in memory. Returns the lock an
+    /// operation commits through, on a shared store.
+    fn bring_in(
+        &self,
+        slot: &Slot,
+        id: &str,
+        session: &mut Option<Session>,
+    ) -> Result<Option<Box<dyn SessionLock>>, SessionError> {
+        let held = session
+            .as_ref()
+            .filter(|_| self.store.shared())
+            .map(Session::host_copy);
+        let mut locked = None;
+        match self.store.lock(id, held.as_ref())? {
+            Locked::NotShared => {}
+            Locked::Busy => {
+                return Err(SessionError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "session \"{id}\" is busy: an operation on it still runs on another host after {} ms",
+                        self.turn_wait.as_millis()
+                    ),
+                ))
+            }
+            Locked::Held(mut lock) => {
+                let Some(version) = lock.version() else {
+                    // Deleted or reaped by another host.
+                    slot.closed.store(true, Ordering::SeqCst);
+                    self.slots().remove(id);
+                    return Err(SessionError::not_found(id));
+                };
+                if session.as_ref().is_none_or(|s| s.row.version != version) {
+                    // The last sent history comes with it: stored with each turn.
+                    let stored = lock.load()?.ok_or_else(|| SessionError::not_found(id))?;
+                    *session = Some(Session::from_stored_reusing(stored, session.as_ref())?);
+                }
+                locked = Some(lock);
+            }
+        }
+        if session.is_none() {
+            let stored = self.store.load(id)?.ok_or_else(|| SessionError::not_found(id))?;
+            *session = Some(Session::from_stored(stored)?);
+        }
+        Ok(locked)
     }
 
     /// One turn (docs/sessions.md#a-turn).
