@@ -18,7 +18,7 @@ mod sql;
 
 use std::time::Duration;
 
-use postgres::{GenericClient, NoTls};
+use postgres::{GenericClient, NoTls, SimpleQueryRow};
 use r2d2_postgres::{r2d2, PostgresConnectionManager};
 
 use super::{
@@ -199,11 +199,26 @@ fn insert(c: &mut impl GenericClient, row: &SessionRow) -> Result<(), StoreError
     Ok(())
 }
 
-fn refused(write: &SessionWrite<'_>) -> StoreError {
-    StoreError::new(format!(
-        "session {} changed on another host, or is gone: nothing written",
-        write.row.map_or("?", |r| r.id.as_str())
-    ))
+/// Whether the write answered at `answers[at]` happened: `history_write` answers 1 when
+/// written and 0 when refused (its version does not follow the stored one, or the session
+/// is gone).
+fn check_written(
+    answers: &[Vec<SimpleQueryRow>],
+    at: usize,
+    write: &SessionWrite<'_>,
+) -> Result<(), StoreError> {
+    let written = answers
+        .get(at)
+        .and_then(|rows| rows.first())
+        .map(|r| num(r, 0))
+        .transpose()?;
+    if written != Some(1) {
+        return Err(StoreError::new(format!(
+            "session {} changed on another host, or is gone: nothing written",
+            write.row.map_or("?", |r| r.id.as_str())
+        )));
+    }
+    Ok(())
 }
 
 /// One session write in one transaction and one round trip; refused unless `row.version`
@@ -211,15 +226,7 @@ fn refused(write: &SessionWrite<'_>) -> StoreError {
 fn commit_on(c: &mut postgres::Client, write: &SessionWrite<'_>) -> Result<(), StoreError> {
     let statement = write_statement(write)?;
     let answers = batch(c, &statement).map_err(err)?;
-    let written = answers
-        .first()
-        .and_then(|rows| rows.first())
-        .map(|r| num(r, 0))
-        .transpose()?;
-    if written != Some(1) {
-        return Err(refused(write));
-    }
-    Ok(())
+    check_written(&answers, 0, write)
 }
 
 /// A session with its working and sent histories, read in one snapshot and one round trip.
@@ -289,15 +296,7 @@ impl SessionLock for PgLock {
                 self.released = true;
                 // The write's answer is the one after BEGIN's.
                 let skip = if relock.is_empty() { 1 } else { 4 };
-                let written = answers
-                    .get(skip)
-                    .and_then(|rows| rows.first())
-                    .map(|r| num(r, 0))
-                    .transpose()?;
-                if written != Some(1) {
-                    return Err(refused(write));
-                }
-                Ok(())
+                check_written(&answers, skip, write)
             }
             Err(e) => {
                 // The transaction is aborted (or the connection lost, and the server has
