@@ -304,8 +304,7 @@ fn a_database_outage_is_a_503_then_turns_recover_and_nothing_acknowledged_is_los
 #[test]
 fn a_read_back_leaves_out_the_messages_the_host_holds() {
     use history_sessions::store::{
-        CopyRow, HostCopy, Locked, SessionRow, SessionWrite, StoredMessage, TokenCounts, TranscriptRow,
-        WorkingRef::*,
+        CopyRow, HostCopy, Locked, SessionWrite, StoredMessage, TokenCounts, TranscriptRow, WorkingRef::*,
     };
     if postgres_url("sessions_hosts::a_read_back_leaves_out_the_messages_the_host_holds").is_none() {
         return;
@@ -323,19 +322,7 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
         })
         .collect()
     };
-    let mut row = SessionRow {
-        id: "s".into(),
-        model: "local-8k".into(),
-        effective_ctx: 8192,
-        turn: 0,
-        transcript_len: 0,
-        cleared_at: 0,
-        expiration_override: None,
-        created_at: 1,
-        last_active: 1,
-        next_copy: 1,
-        version: 0,
-    };
+    let mut row = new_row("s");
     store.create(&row).unwrap();
     // Turn 1, as this host ran it: it holds messages 1 and 2.
     row.turn = 1;
@@ -431,6 +418,113 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
         Some(message(2)),
         "message 2 is only the sent history's"
     );
+}
+
+/// A new session's row, as a host creates it, for the store-level tests.
+fn new_row(id: &str) -> history_sessions::store::SessionRow {
+    history_sessions::store::SessionRow {
+        id: id.into(),
+        model: "local-8k".into(),
+        effective_ctx: 8192,
+        turn: 0,
+        transcript_len: 0,
+        cleared_at: 0,
+        expiration_override: None,
+        created_at: 1,
+        last_active: 1,
+        next_copy: 1,
+        version: 0,
+    }
+}
+
+/// Each write carries the session's next version, and a write that does not follow the
+/// stored version — a host that missed another host's change — is refused whole, with
+/// and without the session's lock (docs/scaling-out.md#how-a-turn-stays-serialized-across-hosts).
+#[test]
+fn a_write_that_does_not_follow_the_stored_version_is_refused_whole() {
+    use history_sessions::store::{Locked, SessionWrite, TokenCounts, TranscriptRow, WorkingRef::*};
+    if postgres_url("sessions_hosts::a_write_that_does_not_follow_the_stored_version_is_refused_whole")
+        .is_none()
+    {
+        return;
+    }
+    let config = shipped_config("", &[]);
+    let test_store = TestStore::new(Kind::Postgres, &config);
+    let store = test_store.open();
+    let transcript = |seq: u64| TranscriptRow {
+        seq,
+        turn: seq,
+        message: format!(r#"{{"role":"user","content":"message {seq}"}}"#),
+        tokens: TokenCounts::default(),
+    };
+    let mut row = new_row("s");
+    store.create(&row).unwrap();
+    let turn = |row: &history_sessions::store::SessionRow| {
+        let mut next = row.clone();
+        next.turn += 1;
+        next.transcript_len += 1;
+        next
+    };
+    // Turn 1 at version 1.
+    let mut first = turn(&row);
+    first.version = 1;
+    store
+        .commit(&SessionWrite {
+            row: Some(&first),
+            transcript: &[transcript(1)],
+            working: &[Transcript(1)],
+            ..Default::default()
+        })
+        .unwrap();
+    row = first;
+
+    // A host that missed turn 1 writes its own turn 1 at version 1 again.
+    let mut stale = turn(&new_row("s"));
+    stale.version = 1;
+    let error = store
+        .commit(&SessionWrite {
+            row: Some(&stale),
+            transcript: &[transcript(1)],
+            working: &[Transcript(1)],
+            ..Default::default()
+        })
+        .expect_err("a write at the stored version is refused");
+    assert!(error.to_string().contains("changed on another host"), "{error}");
+
+    // Under the lock too: a write that skips a version is refused, and the lock goes on
+    // to take a write that follows.
+    let Locked::Held(mut lock) = store.lock("s", None).unwrap() else {
+        panic!("a shared store locks");
+    };
+    assert_eq!(lock.version(), Some(1));
+    let mut skipping = turn(&row);
+    skipping.version = 3;
+    let error = lock
+        .commit(&SessionWrite {
+            row: Some(&skipping),
+            transcript: &[transcript(2)],
+            working: &[Transcript(1), Transcript(2)],
+            ..Default::default()
+        })
+        .expect_err("a write that skips a version is refused");
+    assert!(error.to_string().contains("changed on another host"), "{error}");
+    let mut second = turn(&row);
+    second.version = 2;
+    lock.commit(&SessionWrite {
+        row: Some(&second),
+        transcript: &[transcript(2)],
+        working: &[Transcript(1), Transcript(2)],
+        ..Default::default()
+    })
+    .unwrap();
+    drop(lock);
+
+    // Nothing of the refused writes is stored: the row and transcript are the two turns
+    // that followed.
+    let (stored, working) = store.row("s").unwrap().expect("the session");
+    assert_eq!((stored.version, stored.turn, working), (2, 2, 2));
+    let rows = store.transcript("s", 1, 10).unwrap();
+    assert_eq!(rows, [transcript(1), transcript(2)]);
 }
 
 /// A database a host of schema 3 wrote (before lz4 and the messages' token counts) is
