@@ -351,18 +351,10 @@ impl Service {
             return Err(SessionError::bad_input("model: must not be empty"));
         }
         let now = now_ms();
+        let effective_ctx = config.model(&model).effective_ctx;
         let row = SessionRow {
-            id: new_session_id(),
-            effective_ctx: config.model(&model).effective_ctx,
-            model,
-            turn: 0,
-            transcript_len: 0,
-            cleared_at: 0,
             expiration_override,
-            created_at: now,
-            last_active: now,
-            next_copy: 1,
-            version: 0,
+            ..SessionRow::new(new_session_id(), model, effective_ctx, now)
         };
         let slot = Arc::new(new_slot(
             SessionInfo::of(&row, 0),

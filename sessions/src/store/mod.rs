@@ -118,6 +118,26 @@ pub struct SessionRow {
     pub version: u64,
 }
 
+impl SessionRow {
+    /// The row of a session just created at `now` on `model`: nothing entered yet, no
+    /// override, version 0.
+    pub fn new(id: String, model: String, effective_ctx: u64, now: u64) -> SessionRow {
+        SessionRow {
+            id,
+            model,
+            effective_ctx,
+            turn: 0,
+            transcript_len: 0,
+            cleared_at: 0,
+            expiration_override: None,
+            created_at: now,
+            last_active: now,
+            next_copy: 1,
+            version: 0,
+        }
+    }
+}
+
 /// One entry of a stored working history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkingRef {

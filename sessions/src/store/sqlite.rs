@@ -603,19 +603,7 @@ mod tests {
     use super::*;
 
     fn row(id: &str) -> SessionRow {
-        SessionRow {
-            id: id.into(),
-            model: "m".into(),
-            effective_ctx: 10,
-            turn: 0,
-            transcript_len: 0,
-            cleared_at: 0,
-            expiration_override: None,
-            created_at: 1,
-            last_active: 1,
-            next_copy: 1,
-            version: 0,
-        }
+        SessionRow::new(id.into(), "m".into(), 10, 1)
     }
 
     /// A store written by an older host (schema 2: no `sent`, no `tokens`) opens: the

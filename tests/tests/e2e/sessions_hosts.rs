@@ -304,7 +304,8 @@ fn a_database_outage_is_a_503_then_turns_recover_and_nothing_acknowledged_is_los
 #[test]
 fn a_read_back_leaves_out_the_messages_the_host_holds() {
     use history_sessions::store::{
-        CopyRow, HostCopy, Locked, SessionWrite, StoredMessage, TokenCounts, TranscriptRow, WorkingRef::*,
+        CopyRow, HostCopy, Locked, SessionRow, SessionWrite, StoredMessage, TokenCounts, TranscriptRow,
+        WorkingRef::*,
     };
     if postgres_url("sessions_hosts::a_read_back_leaves_out_the_messages_the_host_holds").is_none() {
         return;
@@ -322,7 +323,7 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
         })
         .collect()
     };
-    let mut row = new_row("s");
+    let mut row = SessionRow::new("s".into(), "local-8k".into(), 8192, 1);
     store.create(&row).unwrap();
     // Turn 1, as this host ran it: it holds messages 1 and 2.
     row.turn = 1;
@@ -420,29 +421,14 @@ fn a_read_back_leaves_out_the_messages_the_host_holds() {
     );
 }
 
-/// A new session's row, as a host creates it, for the store-level tests.
-fn new_row(id: &str) -> history_sessions::store::SessionRow {
-    history_sessions::store::SessionRow {
-        id: id.into(),
-        model: "local-8k".into(),
-        effective_ctx: 8192,
-        turn: 0,
-        transcript_len: 0,
-        cleared_at: 0,
-        expiration_override: None,
-        created_at: 1,
-        last_active: 1,
-        next_copy: 1,
-        version: 0,
-    }
-}
-
 /// Each write carries the session's next version, and a write that does not follow the
 /// stored version — a host that missed another host's change — is refused whole, with
 /// and without the session's lock (docs/scaling-out.md#how-a-turn-stays-serialized-across-hosts).
 #[test]
 fn a_write_that_does_not_follow_the_stored_version_is_refused_whole() {
-    use history_sessions::store::{Locked, SessionWrite, TokenCounts, TranscriptRow, WorkingRef::*};
+    use history_sessions::store::{
+        Locked, SessionRow, SessionWrite, TokenCounts, TranscriptRow, WorkingRef::*,
+    };
     if postgres_url("sessions_hosts::a_write_that_does_not_follow_the_stored_version_is_refused_whole")
         .is_none()
     {
@@ -457,9 +443,10 @@ fn a_write_that_does_not_follow_the_stored_version_is_refused_whole() {
         message: format!(r#"{{"role":"user","content":"message {seq}"}}"#),
         tokens: TokenCounts::default(),
     };
-    let mut row = new_row("s");
+    let fresh = || SessionRow::new("s".into(), "local-8k".into(), 8192, 1);
+    let mut row = fresh();
     store.create(&row).unwrap();
-    let turn = |row: &history_sessions::store::SessionRow| {
+    let turn = |row: &SessionRow| {
         let mut next = row.clone();
         next.turn += 1;
         next.transcript_len += 1;
@@ -479,7 +466,7 @@ fn a_write_that_does_not_follow_the_stored_version_is_refused_whole() {
     row = first;
 
     // A host that missed turn 1 writes its own turn 1 at version 1 again.
-    let mut stale = turn(&new_row("s"));
+    let mut stale = turn(&fresh());
     stale.version = 1;
     let error = store
         .commit(&SessionWrite {
