@@ -122,7 +122,7 @@ async fn run(args: ChatArgs) -> Result<(), Failure> {
         );
         chat.say(&line);
     }
-    chat.say("type a message; :assistant TEXT, :tool NAME TEXT, :load FILE, !model NAME, !maxctx N [temp], !expand I, /history, /clear; :quit or end of input leaves");
+    chat.say("type a message; :assistant TEXT, :tool NAME TEXT, :load FILE, !model NAME, !maxctx N [temp], !expand I, /history, /clear [all]; :quit or end of input leaves");
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };

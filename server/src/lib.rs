@@ -46,7 +46,7 @@ pub mod bodies {
 
     /// `POST /v1/sessions/{id}/turns`.
     pub fn turn(bytes: &[u8]) -> Answer<TurnInput> {
-        answer(routes::turn_body(bytes))
+        answer(routes::turn_body(bytes).map(|(input, _form)| input))
     }
 
     /// `POST /v1/sessions/{id}/model`.

@@ -11,8 +11,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use history_sessions::answers::{history_json, switch_json, turn_json};
-use history_sessions::{Command, ContextItem, ErrorKind, Service, SessionError, TurnInput};
+use history_sessions::answers::{history_json_as, switch_json, turn_json, HistoryForm};
+use history_sessions::{Command, ContextItem, ErrorKind, Service, SessionError, TranscriptPage, TurnInput};
 use serde_json::{json, Map, Value};
 
 use crate::auth::{self, Denied};
@@ -219,12 +219,12 @@ async fn turn(
     Path(id): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let input = turn_body(&bytes(body)?)?;
+    let (input, form) = turn_body(&bytes(body)?)?;
     let outcome = app.service.turn(&id, input).await?;
     // Already JSON text (turn_json writes the sent history straight out).
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        turn_json(&outcome),
+        turn_json(&outcome, form),
     )
         .into_response())
 }
@@ -240,10 +240,14 @@ pub(crate) fn create_body(bytes: &[u8]) -> Result<(Option<String>, Option<Value>
 }
 
 /// `POST /v1/sessions/{id}/turns`: the turn's input, checked as far as it can be without
-/// the session.
-pub(crate) fn turn_body(bytes: &[u8]) -> Result<TurnInput> {
+/// the session, and the form its answer's history is written in.
+pub(crate) fn turn_body(bytes: &[u8]) -> Result<(TurnInput, HistoryForm)> {
     let body = object(bytes)?;
-    only(&body, &["messages", "model", "context"])?;
+    only(&body, &["messages", "model", "context", "form"])?;
+    let form = match string_member(&body, "form")? {
+        None => HistoryForm::Full,
+        Some(name) => HistoryForm::parse(&name).map_err(ApiError::bad_input)?,
+    };
     let messages = match body.get("messages") {
         None => return Err(ApiError::bad_input("missing \"messages\"")),
         Some(value) => plugin_api::wire::parse_history(value)
@@ -256,11 +260,12 @@ pub(crate) fn turn_body(bytes: &[u8]) -> Result<TurnInput> {
         None | Some(Value::Null) => Vec::new(),
         Some(value) => ContextItem::parse_list(value)?,
     };
-    Ok(TurnInput {
+    let input = TurnInput {
         messages,
         model: string_member(&body, "model")?,
         context,
-    })
+    };
+    Ok((input, form))
 }
 
 async fn model(
@@ -322,6 +327,11 @@ async fn history(
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>> {
+    only_params(&query, &["view", "form"])?;
+    let form = match query.get("form") {
+        None => HistoryForm::Full,
+        Some(name) => HistoryForm::parse(name).map_err(ApiError::bad_input)?,
+    };
     let sent = match query.get("view").map(String::as_str) {
         None | Some("working") => false,
         Some("sent") => true,
@@ -335,8 +345,20 @@ async fn history(
     Ok(Json(json!({
         "view": if sent { "sent" } else { "working" },
         "size": history.len(),
-        "history": history_json(&history),
+        "history": history_json_as(&history, form),
     })))
+}
+
+/// Refuses query parameters other than `known`: a misspelt one is not ignored.
+fn only_params(query: &HashMap<String, String>, known: &[&str]) -> Result<()> {
+    match query.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(ApiError::bad_input(format!(
+            "unknown query parameter \"{}\" (expected {})",
+            history_engine::echo::bare(key),
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn number(query: &HashMap<String, String>, key: &str, default: u64) -> Result<u64> {
@@ -353,9 +375,20 @@ async fn transcript(
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>> {
-    let from = number(&query, "from", 1)?.max(1);
-    let limit = number(&query, "limit", MAX_PAGE)?.clamp(1, MAX_PAGE);
-    let (rows, next) = app.service.transcript(&id, from, limit).await?;
+    only_params(&query, &["from", "limit", "last"])?;
+    let page = match query.get("last") {
+        Some(_) if query.contains_key("from") || query.contains_key("limit") => {
+            return Err(ApiError::bad_input(
+                "last: give either last=N or from=N&limit=L, not both",
+            ))
+        }
+        Some(_) => TranscriptPage::Last(number(&query, "last", 0)?.clamp(1, MAX_PAGE)),
+        None => TranscriptPage::From {
+            from: number(&query, "from", 1)?.max(1),
+            limit: number(&query, "limit", MAX_PAGE)?.clamp(1, MAX_PAGE),
+        },
+    };
+    let (from, rows, next) = app.service.transcript(&id, page).await?;
     let mut messages = Vec::with_capacity(rows.len());
     for row in &rows {
         messages.push(

@@ -7,6 +7,30 @@ use serde_json::{json, Value};
 
 use crate::session::{SwitchOutcome, TurnOutcome};
 
+/// The form a history is answered in (docs/http-api.md#forms): `full`, each message with
+/// the host's `metadata` (stamps, flags, the originals of omitted content), or `provider`,
+/// the messages as the proxy sends them upstream, which a provider accepts as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HistoryForm {
+    #[default]
+    Full,
+    Provider,
+}
+
+impl HistoryForm {
+    /// `"full"` or `"provider"`; anything else is an error naming both.
+    pub fn parse(name: &str) -> Result<HistoryForm, String> {
+        match name {
+            "full" => Ok(HistoryForm::Full),
+            "provider" => Ok(HistoryForm::Provider),
+            other => Err(format!(
+                "form: expected \"full\" or \"provider\", found {}",
+                history_engine::echo::quoted(other)
+            )),
+        }
+    }
+}
+
 /// A message as its JSON value.
 pub fn message_json(message: &plugin_api::Message) -> Value {
     serde_json::from_str(&plugin_api::wire::message_to_string(message)).unwrap_or(Value::Null)
@@ -14,7 +38,16 @@ pub fn message_json(message: &plugin_api::Message) -> Value {
 
 /// A history as a JSON array.
 pub fn history_json(history: &[plugin_api::RArc<plugin_api::Message>]) -> Value {
-    serde_json::from_str(&plugin_api::wire::history_to_string(history)).unwrap_or(Value::Null)
+    history_json_as(history, HistoryForm::Full)
+}
+
+/// A history as a JSON array in `form`.
+pub fn history_json_as(history: &[plugin_api::RArc<plugin_api::Message>], form: HistoryForm) -> Value {
+    let text = match form {
+        HistoryForm::Full => plugin_api::wire::history_to_string(history),
+        HistoryForm::Provider => plugin_api::wire::provider_history_to_string(history),
+    };
+    serde_json::from_str(&text).unwrap_or(Value::Null)
 }
 
 /// An event as JSON, with the plugin that reported it.
@@ -41,8 +74,9 @@ pub fn switch_json(outcome: &SwitchOutcome) -> Value {
     })
 }
 
-/// A turn's result as JSON text: `{turn, model, effective_ctx, history, working_size, events, stats, prefix_kept, input_faults}`.
-pub fn turn_json(outcome: &TurnOutcome) -> String {
+/// A turn's result as JSON text: `{turn, model, effective_ctx, history, working_size, events, stats, prefix_kept, input_faults}`,
+/// its sent history in `form`.
+pub fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
     let run = &outcome.run;
     let mut events = Vec::new();
     let mut stats = Vec::new();
@@ -90,7 +124,10 @@ pub fn turn_json(outcome: &TurnOutcome) -> String {
     // (history_engine::written).
     out.push_str(&head[..head.len() - 1]);
     out.push_str(",\"history\":");
-    history_engine::written::write_history(&mut out, &run.history, &run.working);
+    match form {
+        HistoryForm::Full => history_engine::written::write_history(&mut out, &run.history, &run.working),
+        HistoryForm::Provider => out.push_str(&plugin_api::wire::provider_history_to_string(&run.history)),
+    }
     out.push(',');
     out.push_str(&tail[1..]);
     out

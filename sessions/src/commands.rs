@@ -18,8 +18,10 @@ pub enum Command {
     Expand(String),
     /// `/history`: the working history, one line per message.
     History,
-    /// `/clear`: the working history becomes empty; the transcript keeps everything.
-    Clear,
+    /// `/clear`: the working history keeps only its pinned messages (the leading system
+    /// messages and the task, as `default` pins them); `/clear all` empties it. The
+    /// transcript keeps everything either way.
+    Clear { all: bool },
 }
 
 impl Command {
@@ -69,8 +71,12 @@ impl Command {
                 _ => Err(malformed("!expand INDEX|ID")),
             },
             "/history" if args.is_empty() => Ok(Command::History),
-            "/clear" if args.is_empty() => Ok(Command::Clear),
-            "/history" | "/clear" => Err(malformed(name)),
+            "/clear" => match args.as_slice() {
+                [] => Ok(Command::Clear { all: false }),
+                ["all"] => Ok(Command::Clear { all: true }),
+                _ => Err(malformed("/clear [all]")),
+            },
+            "/history" => Err(malformed(name)),
             "" => Err(SessionError::bad_input("empty command")),
             _ => Err(SessionError::bad_input(format!(
                 "unknown command \"{name}\" (known: !model, !maxctx, !maxusers, !sessiontimeout, !expand, /history, /clear)"
@@ -101,7 +107,15 @@ mod tests {
                 temporary: true
             }
         );
-        assert_eq!(Command::parse(" /clear ").unwrap(), Command::Clear);
+        assert_eq!(Command::parse(" /clear ").unwrap(), Command::Clear { all: false });
+        assert_eq!(
+            Command::parse("/clear all").unwrap(),
+            Command::Clear { all: true }
+        );
+        assert!(Command::parse("/clear some")
+            .unwrap_err()
+            .message
+            .contains("/clear [all]"));
         assert_eq!(
             Command::parse("!expand s-3").unwrap(),
             Command::Expand("s-3".into())

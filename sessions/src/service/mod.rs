@@ -36,6 +36,15 @@ const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(30);
 
 /// What the listing (`GET /v1/sessions`) shows of a session, kept outside its lock so
 /// listing never waits for a running turn.
+/// Which page of a transcript to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TranscriptPage {
+    /// Up to `limit` messages from position `from` (from 1).
+    From { from: u64, limit: u64 },
+    /// The last N messages.
+    Last(u64),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInfo {
     pub id: String,
@@ -657,23 +666,31 @@ impl Service {
         .await
     }
 
-    /// A page of the transcript from message `from` (from 1): `(rows, next)`, `next` the
-    /// `from` of the next page if there is one.
+    /// A page of the transcript: `(from, rows, next)`, `from` the first message's position
+    /// (from 1) and `next` the `from` of the next page if there is one.
     pub async fn transcript(
         self: &Arc<Self>,
         id: &str,
-        from: u64,
-        limit: u64,
-    ) -> Result<(Vec<TranscriptRow>, Option<u64>), SessionError> {
+        page: TranscriptPage,
+    ) -> Result<(u64, Vec<TranscriptRow>, Option<u64>), SessionError> {
         self.find(id).await?;
         let service = self.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || {
-            let rows = service.store.transcript(&id, from.max(1), limit + 1)?;
+            let (from, limit) = match page {
+                TranscriptPage::From { from, limit } => (from.max(1), limit),
+                TranscriptPage::Last(last) => {
+                    // The stored length, not the memory's: on a shared store another host
+                    // may have added to it.
+                    let len = service.store.row(&id)?.map_or(0, |(row, _)| row.transcript_len);
+                    (len.saturating_sub(last) + 1, last)
+                }
+            };
+            let rows = service.store.transcript(&id, from, limit + 1)?;
             let next = (rows.len() as u64 > limit).then(|| rows[limit as usize].seq);
             let mut rows = rows;
             rows.truncate(limit as usize);
-            Ok((rows, next))
+            Ok((from, rows, next))
         })
         .await
         .unwrap_or_else(|e| Err(SessionError::new(ErrorKind::Store, e.to_string())))

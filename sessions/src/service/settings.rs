@@ -68,10 +68,10 @@ impl Service {
                 })
                 .await
             }
-            Command::Clear => {
-                self.with_session(id, |session, env| {
-                    session.clear(env)?;
-                    Ok(json!({"working_size": 0, "cleared_at": session.row.cleared_at}))
+            Command::Clear { all } => {
+                self.with_session(id, move |session, env| {
+                    let working_size = session.clear(env, all)?;
+                    Ok(json!({"working_size": working_size, "cleared_at": session.row.cleared_at}))
                 })
                 .await
             }

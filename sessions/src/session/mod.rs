@@ -335,12 +335,31 @@ impl Session {
         self.row.expiration_override.as_deref()
     }
 
-    /// `/clear`: the working history becomes empty; the transcript keeps everything.
-    pub fn clear(&mut self, env: &Env<'_>) -> Result<(), SessionError> {
+    /// `/clear` (docs/sessions.md#runtime-commands): the working history keeps only its
+    /// pinned messages, the leading system messages and the task, as `default` pins them,
+    /// so the next turn still has its instructions; `all` empties it. The transcript keeps
+    /// everything, and the last sent history is forgotten either way. Returns the working
+    /// history's new length.
+    pub fn clear(&mut self, env: &Env<'_>, all: bool) -> Result<usize, SessionError> {
         let mut row = self.row.clone();
         row.cleared_at = row.transcript_len;
         row.last_active = env.now;
-        self.last_sent_cleared(env, row)
+        let kept = if all {
+            Vec::new()
+        } else {
+            let pins = history_trim::Pins {
+                system: true,
+                first_user: true,
+            };
+            let pinned = history_trim::pinned_messages(&self.working, pins);
+            self.working
+                .iter()
+                .zip(pinned)
+                .filter(|(_, pinned)| *pinned)
+                .map(|(message, _)| message.clone())
+                .collect()
+        };
+        self.last_sent_cleared(env, row, kept)
     }
 
     /// Expands one message of the working history (docs/plugins.md, expansion): it is
@@ -405,23 +424,32 @@ impl Session {
             .collect()
     }
 
-    /// `/clear`'s store write: an empty working history and no sent history.
-    fn last_sent_cleared(&mut self, env: &Env<'_>, mut row: SessionRow) -> Result<(), SessionError> {
+    /// `/clear`'s store write: `working` (what it keeps) and no sent history.
+    fn last_sent_cleared(
+        &mut self,
+        env: &Env<'_>,
+        mut row: SessionRow,
+        working: Vec<RArc<Message>>,
+    ) -> Result<usize, SessionError> {
         row.version += 1;
-        let dropped = self.dropped(&[], &[]);
+        let known = self.known();
+        let update = self.working_update(&mut row, &working, &known);
+        let dropped = self.dropped(&update.refs, &[]);
         env.store.commit(&SessionWrite {
             row: Some(&row),
+            transcript: &[],
+            working: &update.refs,
+            new_copies: &update.new_copies,
             dropped_copies: &dropped,
             sent: None,
-            ..Default::default()
         })?;
         self.row = row;
-        self.working = Vec::new();
-        self.refs = Vec::new();
+        self.working = working;
+        self.refs = update.refs;
         self.last_sent = None;
         self.sent = None;
         self.sent_copies = Vec::new();
-        Ok(())
+        Ok(self.working.len())
     }
 
     /// Stores `working` as the working history with `row`, then keeps both in memory.

@@ -70,8 +70,11 @@ fn chat_runs_turns_and_commands_and_resumes_a_stored_session() {
         "{out}"
     );
     assert!(out.contains("[expanded]"), "{out}");
-    assert!(out.contains("working history: 0 messages"), "{out}");
+    // /clear keeps the pinned task, so the last turn is sent with it (merged with the
+    // new question by role_pair, as two adjacent user messages are).
+    assert!(out.contains("working history: 1 messages"), "{out}");
     assert!(out.contains("turn 8: sent history 1 messages"), "{out}");
+    assert!(out.contains("; working history 2 messages"), "{out}");
 
     // The transcript holds every message, stamped.
     let store = SqliteStore::open(&config.dir.path().join("sessions.db")).unwrap();

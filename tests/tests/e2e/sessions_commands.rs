@@ -192,17 +192,29 @@ fn expand_history_and_clear_work_on_the_working_history(kind: Kind) {
     );
     assert!(lines[0].as_str().unwrap().contains("user"), "{lines:?}");
 
+    // `/clear` keeps the pinned task (the first user message: this session has no
+    // system message), so the next turn still has it; `/clear all` empties.
     let transcript = server.transcript(&id);
     let answer = command(&server, &id, "/clear", false);
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.body["cleared_at"], transcript.len());
-    assert_eq!(server.history(&id, false), j!([]));
+    assert_eq!(answer.body["working_size"], 1, "{answer:?}");
+    let kept = server.history(&id, false);
+    assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
+    assert_eq!(kept[0]["content"], "step 1", "{kept}");
     assert_eq!(
         server.transcript(&id),
         transcript,
         "the transcript keeps everything"
     );
     let answer = turn(&server, &id, 9);
+    assert_eq!(answer["working_size"], 5, "the task and the new turn");
+    assert_eq!(server.history(&id, false)[0]["content"], "step 1");
+    let answer = command(&server, &id, "/clear all", false);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body["working_size"], 0, "{answer:?}");
+    assert_eq!(server.history(&id, false), j!([]));
+    let answer = turn(&server, &id, 10);
     assert_eq!(answer["working_size"], 4, "the working history starts again");
 }
 

@@ -403,7 +403,145 @@ fn a_restart_restores_every_session_and_sigterm_exits_0(kind: Kind) {
     assert_eq!(server.stop().code(), Some(0));
 }
 
+/// The members OpenAI's chat completions take on a message: anything else is a 400 there.
+const OPENAI_MESSAGE_MEMBERS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "refusal",
+    "audio",
+];
+
+fn the_provider_form_is_the_sent_history_as_the_proxy_sends_it(kind: Kind) {
+    let config = small_window_config();
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    // Two sessions given the same real conversation, one answered in each form.
+    let (_, text) = real_conversations()
+        .into_iter()
+        .find(|(name, _)| name.contains("swe-agent"))
+        .unwrap();
+    let (full, provider) = (server.create("local-8k"), server.create("local-8k"));
+    let mut omitted = 0;
+    for (index, messages) in split_turns(&json(&text)).into_iter().enumerate() {
+        let full_answer = server.post(
+            &format!("/v1/sessions/{full}/turns"),
+            &j!({ "messages": messages }),
+        );
+        let provider_answer = server.post(
+            &format!("/v1/sessions/{provider}/turns"),
+            &j!({ "messages": messages, "form": "provider" }),
+        );
+        assert_eq!(
+            provider_answer.status,
+            200,
+            "turn {}: {provider_answer:?}",
+            index + 1
+        );
+        let full_history = full_answer.body["history"].as_array().unwrap();
+        let provider_history = provider_answer.body["history"].as_array().unwrap();
+        assert_eq!(full_history.len(), provider_history.len());
+        for (full_message, provider_message) in full_history.iter().zip(provider_history) {
+            omitted += usize::from(full_message["metadata"]["omitted"] == true);
+            // The same message less the host's metadata (ids differ between the sessions,
+            // nothing else does).
+            let mut expected = full_message.clone();
+            expected.as_object_mut().unwrap().remove("metadata");
+            assert_eq!(provider_message, &expected);
+            for key in provider_message.as_object().unwrap().keys() {
+                assert!(
+                    OPENAI_MESSAGE_MEMBERS.contains(&key.as_str()),
+                    "member {key:?} would be refused by a provider: {provider_message}"
+                );
+            }
+        }
+        // The rest of the answer is the same in both forms.
+        assert_eq!(
+            full_answer.body["working_size"],
+            provider_answer.body["working_size"]
+        );
+        assert_eq!(
+            full_answer.body["stats"].as_array().unwrap().len(),
+            provider_answer.body["stats"].as_array().unwrap().len()
+        );
+    }
+    assert!(
+        omitted > 0,
+        "the conversation must have omitted results, whose originals the full form carries"
+    );
+    // The last sent history in either form; a form that does not exist is refused.
+    let sent = server.get(&format!(
+        "/v1/sessions/{provider}/history?view=sent&form=provider"
+    ));
+    assert_eq!(sent.status, 200, "{sent:?}");
+    assert!(sent.body["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m.get("metadata").is_none()));
+    let full_sent = server.get(&format!("/v1/sessions/{provider}/history?view=sent"));
+    assert!(full_sent.body["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m.get("metadata").is_some()));
+    let bad = server.post(
+        &format!("/v1/sessions/{provider}/turns"),
+        &j!({"messages": [{"role": "user", "content": "x"}], "form": "openai"}),
+    );
+    assert_eq!(bad.status, 400);
+    assert!(
+        bad.error().1.contains("form: expected \"full\" or \"provider\""),
+        "{bad:?}"
+    );
+    let bad = server.get(&format!(
+        "/v1/sessions/{provider}/history?view=sent&format=provider"
+    ));
+    assert_eq!(bad.status, 400);
+    assert!(
+        bad.error().1.contains("unknown query parameter \"format\""),
+        "{bad:?}"
+    );
+}
+
+fn the_transcript_pages_from_a_position_or_gives_the_last_n_and_refuses_unknown_parameters(kind: Kind) {
+    let config = small_window_config();
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    let id = server.create("local-8k");
+    agent_turns(&server, &id, 1..4);
+    let all = server.transcript(&id);
+    assert_eq!(all.len(), 12);
+    let last = server.get(&format!("/v1/sessions/{id}/transcript?last=2"));
+    assert_eq!(last.status, 200, "{last:?}");
+    assert_eq!(last.body["from"], 11);
+    assert_eq!(last.body["messages"], j!(all[10..]));
+    assert_eq!(last.body["next"], Value::Null);
+    let more = server.get(&format!("/v1/sessions/{id}/transcript?last=50"));
+    assert_eq!(more.body["from"], 1);
+    assert_eq!(more.body["messages"], j!(all));
+    let page = server.get(&format!("/v1/sessions/{id}/transcript?from=3&limit=2"));
+    assert_eq!(page.body["messages"], j!(all[2..4]));
+    assert_eq!(page.body["next"], 5);
+    for (query, expected) in [
+        (
+            "lst=2",
+            "unknown query parameter \"lst\" (expected from, limit, last)",
+        ),
+        ("last=2&from=1", "give either last=N or from=N&limit=L"),
+        ("last=two", "last: expected an integer"),
+    ] {
+        let answer = server.get(&format!("/v1/sessions/{id}/transcript?{query}"));
+        assert_eq!(answer.status, 400, "{query}: {answer:?}");
+        assert!(answer.error().1.contains(expected), "{query}: {answer:?}");
+    }
+}
+
 e2e_tests::store_tests!(
+    the_provider_form_is_the_sent_history_as_the_proxy_sends_it,
+    the_transcript_pages_from_a_position_or_gives_the_last_n_and_refuses_unknown_parameters,
     real_conversations_turn_by_turn_give_what_the_chain_gives_and_the_transcript_keeps_them,
     bad_input_is_a_400_naming_the_message_and_field_and_changes_nothing,
     a_plugin_failing_under_fail_is_a_422_naming_it_and_nothing_is_stored,
