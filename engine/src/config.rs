@@ -67,6 +67,17 @@ impl OnPluginError {
     }
 }
 
+/// What a model name the file does not list gets (`[models] unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownModels {
+    /// Refused, naming the listed models: a typo must not silently get another window
+    /// and tokenizer.
+    #[default]
+    Refuse,
+    /// `[models.default]`'s settings (with a warning where one can be given).
+    Default,
+}
+
 /// A `[models.NAME]` table as written (keys it lacks are `None`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelTable {
@@ -146,6 +157,9 @@ pub struct Config {
     pub isolate: Vec<String>,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
+    /// `[models] unknown`: what a session, a command or the proxy naming a model the file
+    /// does not list gets (docs/configuration.md#unknown-models).
+    pub unknown_models: UnknownModels,
     /// `[plugin.*]` in file order.
     pub plugins: Vec<PluginTable>,
     source: String,
@@ -534,8 +548,26 @@ impl Config {
         };
 
         let mut models = Vec::new();
+        let mut unknown_models = UnknownModels::default();
         if let Some(table) = reader.table(root, "models", "the top level")? {
-            for (name, _) in table.iter() {
+            for (name, item) in table.iter() {
+                if name == "unknown" && !item.is_table() {
+                    unknown_models = match reader.string(table, "unknown", "[models]")? {
+                        Some("refuse") => UnknownModels::Refuse,
+                        Some("default") => UnknownModels::Default,
+                        other => {
+                            return Err(reader.key_error(
+                                table,
+                                "unknown",
+                                format!(
+                                    "`unknown` in [models] must be \"refuse\" or \"default\", found {}",
+                                    echo::quoted(other.unwrap_or(""))
+                                ),
+                            ))
+                        }
+                    };
+                    continue;
+                }
                 let place = format!("[models.{}]", echo::bare(name));
                 let Some(model) = reader.table(table, name, "[models]")? else {
                     continue;
@@ -605,6 +637,7 @@ impl Config {
             required,
             isolate,
             models,
+            unknown_models,
             plugins,
             source,
             document,
@@ -651,6 +684,37 @@ impl Config {
                 .unwrap_or(DEFAULT_TOKENIZER),
             effective_ctx: self.agent_max_ctx.min(max_context),
         }
+    }
+
+    /// Whether the file lists model `name` (`default` always counts: it is what a call
+    /// naming no model gets).
+    pub fn is_listed_model(&self, name: &str) -> bool {
+        name == "default" || self.models.iter().any(|(n, _)| n == name)
+    }
+
+    /// Model `name` for a session or a command: its settings when it is listed or
+    /// `[models] unknown = "default"` takes any name; else the refusal, naming the listed
+    /// models and the way out.
+    pub fn known_model(&self, name: &str) -> Result<ModelInfo, String> {
+        if self.is_listed_model(name) || self.unknown_models == UnknownModels::Default {
+            return Ok(self.model(name));
+        }
+        Err(format!(
+            "unknown model {} (known: {}); list it as a [models.NAME] table in {}, or set \
+             [models] unknown = \"default\" to give unknown names [models.default]",
+            echo::quoted(name),
+            self.listed_model_names().join(", "),
+            self.file.display(),
+        ))
+    }
+
+    /// The listed models' names, `default` among them.
+    fn listed_model_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.models.iter().map(|(n, _)| n.as_str()).collect();
+        if !names.contains(&"default") {
+            names.insert(0, "default");
+        }
+        names
     }
 
     /// A warning when a call asks for model `name` and the file does not list it: which

@@ -152,6 +152,8 @@ pub async fn chat_completions(
         ),
     };
 
+    let mut unknown_model = None;
+    let mut model = model;
     let run = match &session {
         Some(id) => {
             let messages = messages
@@ -163,6 +165,16 @@ pub async fn chat_completions(
             outcome.run
         }
         None => {
+            // A model the file does not list gets `[models.default]` here, never a refusal:
+            // the upstream judges model names (docs/proxy.md#models).
+            if let Some(name) = model
+                .as_deref()
+                .filter(|m| !app.service.config().is_listed_model(m))
+            {
+                warn_unknown_model(&app, name);
+                unknown_model = Some(name.to_string());
+                model = None;
+            }
             // Parsed here, on the async thread, as the body was: a resent message is found,
             // not parsed (crate::resent); only the chain goes to a blocking thread.
             let mut turn = 0;
@@ -190,8 +202,32 @@ pub async fn chat_completions(
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.tokens_in, run.tokens_out)) {
         added.insert(HeaderName::from_static("x-history-tokens"), value);
     }
+    if let Some(name) = unknown_model {
+        let shown = history_engine::echo::quoted(&name);
+        if let Ok(value) = HeaderValue::from_str(&format!("default (unknown {shown})")) {
+            added.insert(HeaderName::from_static("x-history-model"), value);
+        }
+    }
     Ok(response)
 }
+
+/// Logs once per name (up to [`MAX_WARNED_MODELS`] names) that a stateless request named a
+/// model the configuration does not list: every request would flood the log.
+fn warn_unknown_model(app: &App, name: &str) {
+    let mut warned = app.warned_models.lock().unwrap_or_else(|e| e.into_inner());
+    if warned.len() < MAX_WARNED_MODELS && warned.insert(name.to_string()) {
+        let config = app.service.config();
+        if let Some(warning) = config.unlisted_model(name) {
+            tracing::warn!(
+                "proxy: {} (said once per model)",
+                history_engine::echo::line(&warning)
+            );
+        }
+    }
+}
+
+/// How many unknown model names the proxy remembers having warned about.
+const MAX_WARNED_MODELS: usize = 256;
 
 /// The visitor methods of every JSON value but an object or array, each answering `$other`.
 macro_rules! other_values {

@@ -360,7 +360,10 @@ impl Service {
             return Err(SessionError::bad_input("model: must not be empty"));
         }
         let now = now_ms();
-        let effective_ctx = config.model(&model).effective_ctx;
+        let effective_ctx = config
+            .known_model(&model)
+            .map_err(|e| SessionError::bad_input(format!("model: {e}")))?
+            .effective_ctx;
         let row = SessionRow {
             expiration_override,
             ..SessionRow::new(new_session_id(), model, effective_ctx, now)

@@ -146,7 +146,10 @@ impl Session {
         name: &str,
     ) -> Result<(ModelInfo, ChainRun), SessionError> {
         let old = self.model_info(env.config, &self.row.model, self.row.effective_ctx);
-        let new = env.config.model(name);
+        let new = env
+            .config
+            .known_model(name)
+            .map_err(|e| SessionError::bad_input(format!("model: {e}")))?;
         let ctx = self.context(env, new.clone(), self.row.turn.max(1))?;
         let run = env
             .chain

@@ -51,7 +51,7 @@ fn structural_faults_are_accepted_and_reported() {
 
 #[test]
 fn the_document_form_sets_model_and_turn() {
-    let config = TestConfig::new("[models.tiny]\nmax_context = 1\n");
+    let config = TestConfig::new("[models.tiny]\nmax_context = 1\n[models.other]\n");
     let doc = r#"{"model":"tiny","turn":7,"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
     let output = config.process(&["--explain"], doc);
     assert!(output.status.success(), "{}", describe(&output));

@@ -58,9 +58,26 @@ fn the_readme_main_job_runs_on_the_shipped_config() {
 }
 
 #[test]
-fn a_model_not_in_the_configuration_is_named_with_its_fallback() {
-    let config = TestConfig::new("[models.default]\nmax_context = 10\n[models.small]\nmax_context = 4\n");
+fn a_model_not_in_the_configuration_is_refused_naming_the_known_ones_unless_unknown_is_default() {
+    let models = "[models.default]\nmax_context = 10\n[models.small]\nmax_context = 4\n";
     let input = r#"[{"role":"user","content":"hi"}]"#;
+    let config = TestConfig::new(models);
+    let output = config.process(&["--model", "gtp-4o"], input);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("unknown model \"gtp-4o\" (known: default, small)")
+            && stderr.contains("[models] unknown = \"default\""),
+        "{stderr}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "nothing is written: {}",
+        describe(&output)
+    );
+
+    // `[models] unknown = "default"`: the default's settings, with a warning naming them.
+    let config = TestConfig::new(&format!("[models]\nunknown = \"default\"\n{models}"));
     let output = config.process(&["--model", "gtp-4o"], input);
     assert!(output.status.success(), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -74,5 +91,15 @@ fn a_model_not_in_the_configuration_is_named_with_its_fallback() {
         !String::from_utf8_lossy(&listed.stderr).contains("is not listed"),
         "{}",
         describe(&listed)
+    );
+    // A bad value is a configuration error naming the key.
+    let config = TestConfig::new(&format!("[models]\nunknown = \"guess\"\n{models}"));
+    let output = config.process(&[], input);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("`unknown` in [models] must be \"refuse\" or \"default\""),
+        "{}",
+        describe(&output)
     );
 }

@@ -366,6 +366,48 @@ fn failures_are_openai_errors_502_504_400_422_and_never_a_hang() {
 }
 
 #[test]
+fn a_stateless_request_naming_an_unknown_model_gets_the_default_and_says_so() {
+    let upstream = Upstream::start(Behaviour::default());
+    let config = small_window();
+    let server = start(&config, &upstream.base_url());
+    let request = j!({"model": "gtp-4o", "messages": real_conversation()});
+    let (answer, headers) = post(&server, &request, &[]);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        header(&headers, "x-history-model"),
+        Some("default (unknown \"gtp-4o\")")
+    );
+    // The model name goes upstream as the client gave it: the upstream judges names.
+    let received = upstream.requests();
+    assert_eq!(received.last().unwrap().json()["model"], "gtp-4o");
+    // A listed model gets no such header; the warning is logged once per name.
+    let (_, headers) = post(
+        &server,
+        &j!({"model": "gpt-4o", "messages": real_conversation()}),
+        &[],
+    );
+    assert_eq!(header(&headers, "x-history-model"), None);
+    post(&server, &request, &[]);
+    let stderr = server.stderr();
+    assert_eq!(
+        stderr.matches("model \"gtp-4o\" is not listed").count(),
+        1,
+        "{stderr}"
+    );
+    // With a session, the turn is refused as a session's would be.
+    let id = server.create("gpt-4o");
+    let (answer, _) = post(&server, &request, &[("X-History-Session", &id)]);
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(
+        answer.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown model \"gtp-4o\""),
+        "{answer:?}"
+    );
+}
+
+#[test]
 fn a_resent_conversation_is_not_tokenized_again() {
     let upstream = Upstream::start(Behaviour::default());
     let config = small_window();

@@ -539,7 +539,55 @@ fn the_transcript_pages_from_a_position_or_gives_the_last_n_and_refuses_unknown_
     }
 }
 
+fn a_session_or_command_naming_an_unknown_model_is_refused_naming_the_known_ones(kind: Kind) {
+    let config = small_window_config();
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    let known = "(known: default, gpt-4o, gpt-4-turbo";
+    let answer = server.post("/v1/sessions", &j!({"model": "gtp-4o"}));
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(
+        answer.error().1.contains("unknown model \"gtp-4o\" ") && answer.error().1.contains(known),
+        "{answer:?}"
+    );
+    let id = server.create("gpt-4o");
+    let answer = server.post(
+        &format!("/v1/sessions/{id}/commands"),
+        &j!({"command": "!model gtp-4o"}),
+    );
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(answer.error().1.contains(known), "{answer:?}");
+    let answer = server.post(
+        &format!("/v1/sessions/{id}/turns"),
+        &j!({"messages": [{"role": "user", "content": "hi"}], "model": "gtp-4o"}),
+    );
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert_eq!(
+        server.transcript(&id).len(),
+        0,
+        "nothing is stored of a refused turn"
+    );
+    let answer = server.post(&format!("/v1/sessions/{id}/model"), &j!({"model": "gtp-4o"}));
+    assert_eq!(answer.status, 400, "{answer:?}");
+    drop(server);
+
+    // `[models] unknown = "default"` lets any name in, with the default's settings.
+    let config = shipped_config(
+        "",
+        &[(
+            "[models.default]",
+            "[models]\nunknown = \"default\"\n\n[models.default]",
+        )],
+    );
+    let store = TestStore::new(kind, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    let answer = server.post("/v1/sessions", &j!({"model": "gtp-4o"}));
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(answer.body["effective_ctx"], 200, "[models.default]'s window");
+}
+
 e2e_tests::store_tests!(
+    a_session_or_command_naming_an_unknown_model_is_refused_naming_the_known_ones,
     the_provider_form_is_the_sent_history_as_the_proxy_sends_it,
     the_transcript_pages_from_a_position_or_gives_the_last_n_and_refuses_unknown_parameters,
     real_conversations_turn_by_turn_give_what_the_chain_gives_and_the_transcript_keeps_them,
