@@ -1,6 +1,6 @@
 //! A seeded generator of realistic agent histories (the input of `cargo xtask bench`).
 //!
-//! Shaped after the real conversations in `shared/data/real/` (SWE-agent, tau-bench,
+//! Shaped after the real conversations in `tests/data/real/` (SWE-agent, tau-bench,
 //! inspect): a long system prompt, a task, then turns of a user message, an agent loop of
 //! assistant messages with 1–3 tool calls each answered by its tool results, and a final
 //! reply. Assistant messages that call tools carry `null`, `""` or a short thought, as the

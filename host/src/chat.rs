@@ -110,6 +110,9 @@ async fn run(args: ChatArgs) -> Result<(), Failure> {
         model,
     };
     let info = chat.service.info(&chat.id).unwrap();
+    if let Some((_, name)) = &chat.model {
+        upstream_model(name.as_deref(), &info.model).map_err(|message| Failure { status: 2, message })?;
+    }
     chat.say(&format!(
         "session {} (model {}, effective_ctx {}, turn {}); resume with --session {}",
         info.id, info.model, info.effective_ctx, info.turn, info.id
@@ -185,6 +188,11 @@ impl Chat {
             }
         } else if line.starts_with('!') || line.starts_with('/') {
             self.command(line).await;
+        } else if matches!(line.trim_end(), ":assistant" | ":tool" | ":load") {
+            self.say(&format!(
+                "error: {} needs its arguments (usage: :assistant TEXT, :tool NAME TEXT, :load FILE)",
+                line.trim_end()
+            ));
         } else if line.starts_with(':') {
             self.say(&format!(
                 "error: unknown \"{}\" (known: :assistant TEXT, :tool NAME TEXT, :load FILE, :quit)",
@@ -205,12 +213,12 @@ impl Chat {
     /// session's next turn. A failure is one line; the session keeps what it had.
     async fn reply(&mut self, sent: serde_json::Value) {
         let Some((client, name)) = &self.model else { return };
-        let name = match name {
-            Some(name) => name.clone(),
-            None => match self.service.info(&self.id) {
-                Ok(info) => info.model,
-                Err(e) => return self.say(&format!("error: {}", e.message)),
+        let name = match self.service.info(&self.id) {
+            Ok(info) => match upstream_model(name.as_deref(), &info.model) {
+                Ok(name) => name,
+                Err(e) => return self.say(&format!("error: {e}")),
             },
+            Err(e) => return self.say(&format!("error: {}", e.message)),
         };
         let out = &mut self.out;
         let mut started = false;
@@ -309,4 +317,20 @@ impl Chat {
 
 fn message(value: serde_json::Value) -> RArc<Message> {
     RArc::new(plugin_api::wire::parse_message(&value).expect("a well-formed message"))
+}
+
+/// The model name asked upstream: `--upstream-model`, else the session's model. `default`
+/// is the configuration's fallback settings, not a model any provider serves: sending it
+/// would be refused upstream, so it is refused here with the way out.
+fn upstream_model(asked: Option<&str>, session_model: &str) -> Result<String, String> {
+    match asked {
+        Some(name) => Ok(name.to_string()),
+        None if session_model == "default" => Err(
+            "the session's model is \"default\", which no provider serves: name the model asked \
+             upstream with --upstream-model NAME, or give the session a listed model with \
+             --model NAME (or !model NAME)"
+                .to_string(),
+        ),
+        None => Ok(session_model.to_string()),
+    }
 }

@@ -85,7 +85,7 @@ enum Command {
         config: PathBuf,
         /// The address to listen on (default 127.0.0.1:7878; port 0 picks a free one).
         /// A non-loopback address needs an operator token.
-        #[arg(long, value_name = "ADDR")]
+        #[arg(long, value_name = "ADDR", value_parser = listen_address)]
         listen: Option<std::net::SocketAddr>,
         /// The session store (overrides the configuration's `store`).
         #[arg(long, value_name = "PATH")]
@@ -134,6 +134,23 @@ const WORKER_COMMAND: &str = "worker";
 struct Failure {
     status: u8,
     message: String,
+}
+
+/// `--listen`: an address (`127.0.0.1:7878`, `[::1]:0`) or a host name and port
+/// (`localhost:0`), resolved once at start; an IPv4 address is preferred when the name has
+/// both, as clients asking `localhost` mostly try it first.
+fn listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addresses: Vec<std::net::SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("expected HOST:PORT (e.g. 127.0.0.1:7878 or localhost:0): {e}"))?
+        .collect();
+    addresses
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .ok_or_else(|| format!("{text} resolves to no address"))
 }
 
 fn bad_input(message: String) -> Failure {
@@ -271,6 +288,13 @@ fn init_logging() {
 fn read_input(input: &str) -> Result<Vec<u8>, Failure> {
     let mut bytes = Vec::new();
     let result = if input == "-" {
+        // At a terminal, a silent wait looks like a hang: say what is awaited.
+        if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            eprintln!(
+                "{PROGRAM}: reading the history from standard input (a JSON array of messages or \
+                 a document); end it with Ctrl-D, or give --input FILE"
+            );
+        }
         std::io::stdin().read_to_end(&mut bytes).map(|_| ())
     } else {
         std::fs::File::open(input)

@@ -139,6 +139,13 @@ type Result<T> = std::result::Result<T, ApiError>;
 
 fn operator(app: &App, headers: &HeaderMap) -> Result<()> {
     auth::check(headers, app.token.as_deref()).map_err(|denied| match denied {
+        Denied::Missing if app.token.is_none() => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this needs the operator's token, and none is configured: set operator_token_file \
+             in the configuration or HISTORY_OPERATOR_TOKEN, restart, then send \
+             Authorization: Bearer TOKEN",
+        ),
         Denied::Missing => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -232,12 +232,13 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
     eprintln!("created plugin crate {}", created.display());
     if dir.is_some() {
         let manifest = created.join("Cargo.toml");
+        // The README's out-of-tree flow, word for word in its steps.
         let library = created
-            .join("target/release")
+            .join("target/debug")
             .join(plugin_api::naming::library_file_name(name));
         eprintln!(
-            "next: cargo build --release --manifest-path {}, copy {} into your configuration's \
-             plugin_dir, then agentctl history-chain-add {name} (or add \"{name}\" to [history] chain)",
+            "next: cargo build --manifest-path {}, then agentctl install {} (it checks the \
+             library loads and copies it into plugin_dir), then agentctl history-chain-add {name}",
             manifest.display(),
             library.display()
         );

@@ -103,3 +103,58 @@ fn a_model_not_in_the_configuration_is_refused_naming_the_known_ones_unless_unkn
         describe(&output)
     );
 }
+
+/// `process` reading a terminal says what it waits for; reading a pipe it says nothing.
+/// The terminal is a real pseudo-terminal made by util-linux's `script`.
+#[test]
+fn process_at_a_terminal_says_it_reads_standard_input() {
+    let config = TestConfig::new("");
+    let input = r#"[{"role":"user","content":"hi"}]"#;
+    let piped = config.process(&[], input);
+    assert!(piped.status.success(), "{}", describe(&piped));
+    assert!(
+        !String::from_utf8_lossy(&piped.stderr).contains("reading the history"),
+        "{}",
+        describe(&piped)
+    );
+
+    let script = std::path::Path::new("/usr/bin/script");
+    if !script.exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI needs util-linux's script"
+        );
+        eprintln!("skipped: /usr/bin/script (util-linux) is missing, so no pseudo-terminal");
+        return;
+    }
+    let line = format!(
+        "{} process --config {}",
+        e2e_tests::host_bin().display(),
+        config.path.display()
+    );
+    let mut command = std::process::Command::new(script);
+    command.args(["-qec", &line, "/dev/null"]);
+    // The terminal's end of input (Ctrl-D) after the history, a moment after the start so
+    // the hint comes first.
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        stdin.write_all(input.as_bytes()).unwrap();
+        stdin.write_all(b"\n\x04").unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("reading the history from standard input") && shown.contains("Ctrl-D"),
+        "{shown}"
+    );
+    assert!(shown.contains(r#"[{"role":"user","content":"hi"}]"#), "{shown}");
+}

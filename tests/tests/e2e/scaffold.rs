@@ -20,6 +20,18 @@ fn a_scaffolded_plugin_builds_loads_and_runs_in_a_chain() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", describe(&output));
+    // The next step it prints is the README's out-of-tree flow.
+    let said = String::from_utf8_lossy(&output.stderr);
+    let readme = std::fs::read_to_string(e2e_tests::workspace_root().join("README.md")).unwrap();
+    for step in [
+        "cargo build",
+        "agentctl install",
+        "target/debug/libhistory_plugin_",
+        "agentctl history-chain-add",
+    ] {
+        assert!(said.contains(step), "the scaffold does not say {step:?}: {said}");
+        assert!(readme.contains(step), "the README does not say {step:?}");
+    }
 
     let manifest = plugin.join("Cargo.toml");
     cargo_in_fixture_target(&manifest, &["test", "--quiet"]);

@@ -202,6 +202,37 @@ fn chat_with_an_upstream_prints_and_stores_the_models_replies_and_survives_it_be
     assert!(out.contains("working history: 5 messages"), "{out}");
 }
 
+/// `chat --upstream` on a session of model `default` would ask the upstream for a model
+/// named "default", which no provider has: refused at start with the way out.
+#[test]
+fn chat_with_an_upstream_refuses_to_ask_for_model_default_and_a_bare_tool_line_gets_its_usage() {
+    let config = shipped_config("", &[]);
+    let mut command = std::process::Command::new(host_bin());
+    command
+        .args(["chat", "--config"])
+        .arg(&config.path)
+        .arg("--store")
+        .arg(config.dir.path().join("sessions.db"))
+        .args(["--upstream", "http://127.0.0.1:9/v1"])
+        .env("HISTORY_LOG", "warn");
+    let output = run_with_stdin(command, "hello\n");
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the session's model is \"default\"") && stderr.contains("--upstream-model NAME"),
+        "{stderr}"
+    );
+
+    let out = chat(&config, &[], ":tool\n:assistant\n");
+    assert!(
+        out.contains(
+            "error: :tool needs its arguments (usage: :assistant TEXT, :tool NAME TEXT, :load FILE)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("error: :assistant needs its arguments"), "{out}");
+}
+
 /// Session ids are URL-safe base64, so one in 32 starts with `-`: `--session` takes it as
 /// the id, not as an option (it was a usage error, exit 64, before).
 #[test]

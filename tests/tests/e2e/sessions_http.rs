@@ -341,6 +341,28 @@ fn a_non_loopback_listen_without_a_token_refuses_to_start(kind: Kind) {
     assert!(refused.starts_with("status Some(3)"), "{refused}");
 }
 
+/// `--listen` takes a host name; without a configured token an operator endpoint's 401
+/// says that none is configured and how to set one.
+fn listen_takes_a_host_name_and_the_401_without_a_token_says_none_is_configured(kind: Kind) {
+    let config = shipped_config("", &[]);
+    let store = TestStore::new(kind, &config);
+    let server = Server::try_start(&config.path, store.path(), &[], &["--listen", "localhost:0"])
+        .unwrap_or_else(|e| panic!("serve refused localhost:0: {e}"));
+    let id = server.create("default");
+    let answer = server.post(
+        &format!("/v1/sessions/{id}/commands"),
+        &j!({"command": "!maxusers 9"}),
+    );
+    assert_eq!(answer.status, 401, "{answer:?}");
+    assert!(
+        answer.error().1.contains("none is configured")
+            && answer.error().1.contains("HISTORY_OPERATOR_TOKEN"),
+        "{answer:?}"
+    );
+    let answer = server.request("GET", "/v1/sessions", None, false);
+    assert!(answer.error().1.contains("none is configured"), "{answer:?}");
+}
+
 fn a_body_over_max_body_mb_is_a_413(kind: Kind) {
     let config = shipped_config("max_body_mb = 1", &[]);
     let store = TestStore::new(kind, &config);
@@ -598,6 +620,7 @@ e2e_tests::store_tests!(
     the_reaper_closes_an_idle_session_and_logs_it,
     operator_endpoints_need_the_token,
     a_non_loopback_listen_without_a_token_refuses_to_start,
+    listen_takes_a_host_name_and_the_401_without_a_token_says_none_is_configured,
     a_body_over_max_body_mb_is_a_413,
     a_restart_restores_every_session_and_sigterm_exits_0,
 );
