@@ -84,6 +84,9 @@ type CallResult = Result<plugin_api::Output, String>;
 /// A `Chain` is `Send + Sync`: one loaded chain serves every session's turns at once, and
 /// [`SharedChain`] swaps a reloaded one in between turns.
 pub struct Chain {
+    /// `[history] ingest`: run on a turn's new messages before anything is stored
+    /// ([`Chain::ingest`], docs/chain.md#ingest).
+    pub ingest: Vec<Stage>,
     pub stages: Vec<Stage>,
     pub view: Vec<Stage>,
     pub on_error: OnPluginError,
@@ -114,6 +117,8 @@ pub struct StageReport {
     pub events: Vec<Event>,
     /// A `view` stage (its output is sent, not kept).
     pub view: bool,
+    /// An `ingest` stage (it ran on the messages entering, before anything was stored).
+    pub ingest: bool,
     /// Why the plugin's result was not used (`on_plugin_error = "skip"`).
     pub skipped: Option<String>,
     /// The plugin is quarantined: this call ran past `plugin_timeout_ms`, or an earlier
@@ -183,20 +188,22 @@ impl Chain {
     pub fn load(config: &Config, catalog: &Catalog) -> Result<Chain, ConfigError> {
         let names = || {
             config
-                .chain
+                .ingest
                 .iter()
+                .chain(&config.chain)
                 .chain(&config.view)
                 .chain(config.plugins.iter().map(|t| &t.name))
                 .map(String::as_str)
         };
         catalog.preload(names());
+        let ingest = load_stages(config, catalog, "ingest", &config.ingest)?;
         let stages = load_stages(config, catalog, "chain", &config.chain)?;
         let view = load_stages(config, catalog, "view", &config.view)?;
         // Warnings wait until nothing can fail: a refusal gets one line, never a warning
         // and then the error that carries it.
         let mut warnings = Vec::new();
         for table in &config.plugins {
-            if config.place_of(&table.name).is_some() {
+            if config.place_of(&table.name).is_some() || config.ingest.contains(&table.name) {
                 continue;
             }
             match catalog.library(&table.name) {
@@ -222,7 +229,9 @@ impl Chain {
         for warning in warnings {
             tracing::warn!("{}", echo::line(&warning));
         }
-        Ok(Chain::assemble(config, stages, view))
+        let mut chain = Chain::assemble(config, stages, view);
+        chain.ingest = ingest;
+        Ok(chain)
     }
 
     /// `copies` instances of plugin `name` in a row. This bypasses the configuration's
@@ -254,11 +263,14 @@ impl Chain {
     }
 
     fn assemble(config: &Config, stages: Vec<Stage>, view: Vec<Stage>) -> Chain {
+        // An ingest plugin is required by nature: what it guards (a redaction) is stored.
+        let required = config.required.iter().chain(&config.ingest).cloned().collect();
         Chain {
+            ingest: Vec::new(),
             stages,
             view,
             on_error: config.on_plugin_error,
-            required: config.required.clone(),
+            required,
             deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
             calls: Pool::new(),
         }
@@ -269,10 +281,11 @@ impl Chain {
         self.deadline
     }
 
-    /// The quarantined plugins, chain then view (what health reports).
+    /// The quarantined plugins, ingest, chain then view (what health reports).
     pub fn quarantined(&self) -> Vec<&str> {
-        self.stages
+        self.ingest
             .iter()
+            .chain(&self.stages)
             .chain(&self.view)
             .filter(|s| s.is_quarantined())
             .map(|s| s.name.as_str())
@@ -292,6 +305,74 @@ impl Chain {
     /// The view's plugin names, in order.
     pub fn view_names(&self) -> Vec<&str> {
         self.view.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Whether the chain has ingest stages.
+    pub fn has_ingest(&self) -> bool {
+        !self.ingest.is_empty()
+    }
+
+    /// Runs the ingest stages on `messages`, the messages entering a session this turn (or
+    /// every message of a stateless call), before anything is stored (docs/chain.md#ingest).
+    /// An ingest plugin rewrites messages: its output must be its input's messages, in
+    /// order, each the same message or a changed copy of it. Any fault fails the call,
+    /// whatever `on_plugin_error` says: unredacted text must never be stored or sent.
+    /// Messages need their identities ([`turns::stamp_entering`] or [`turns::prepare`]).
+    pub fn ingest(
+        &self,
+        messages: Vec<RArc<Message>>,
+        ctx: &Context,
+    ) -> Result<(Vec<RArc<Message>>, Vec<StageReport>), PluginFailure> {
+        let mut state = RunState {
+            messages_in: messages.len(),
+            tokens: 0,
+            faults: Faults::of(&messages).count(),
+            history: messages,
+        };
+        let shared_ctx = self.deadline.map(|_| Arc::new(ctx.clone()));
+        let mut reports = Vec::with_capacity(self.ingest.len());
+        for stage in &self.ingest {
+            let before: Vec<u64> = state.history.iter().map(|m| m.origin()).collect();
+            let mut report = self.run_stage(stage, &mut state, ctx, shared_ctx.as_ref(), Call::Process)?;
+            report.ingest = true;
+            let after = state.history.iter().map(|m| m.origin());
+            if !after.eq(before.iter().copied()) {
+                return Err(PluginFailure {
+                    plugin: stage.name.clone(),
+                    message: format!(
+                        "an ingest plugin must return its input's {} messages in order, each \
+                         unchanged or rewritten, and returned {}: it may not drop, add or \
+                         reorder messages (docs/chain.md#ingest)",
+                        before.len(),
+                        state.history.len()
+                    ),
+                });
+            }
+            reports.push(report);
+        }
+        Ok((state.history, reports))
+    }
+
+    /// A call in which every message enters now (`process`, a stateless proxy request):
+    /// the ingest stages run on all of them, then the chain and the view. The ingest
+    /// stages' reports come first in the run's.
+    pub fn run_entering(
+        &self,
+        mut history: Vec<RArc<Message>>,
+        ctx: &Context,
+        previous: Option<&[RArc<Message>]>,
+    ) -> Result<ChainRun, PluginFailure> {
+        if self.ingest.is_empty() {
+            return self.run_compared(history, ctx, Call::Process, previous);
+        }
+        turns::prepare(&mut history, ctx.turn);
+        let messages_in = history.len();
+        let (history, mut stages) = self.ingest(history, ctx)?;
+        let mut run = self.run_compared(history, ctx, Call::Process, previous)?;
+        stages.append(&mut run.stages);
+        run.stages = stages;
+        run.messages_in = messages_in;
+        Ok(run)
     }
 
     /// Runs every plugin in order, checking each output (docs/chain.md#the-output-check) and handling faults by
@@ -373,6 +454,7 @@ impl Chain {
         let mut report = StageReport {
             plugin: stage.name.clone(),
             view: false,
+            ingest: false,
             messages_in: state.history.len(),
             messages_out: state.history.len(),
             tokens_in: state.tokens,
@@ -384,11 +466,18 @@ impl Chain {
             prefix_kept: None,
         };
         if report.quarantined {
-            // Not called: skipped whatever on_plugin_error says, until a reload.
+            // Not called: skipped whatever on_plugin_error says, until a reload; a required
+            // plugin's turn fails instead, as what it guards cannot go on without it.
             let message = format!(
                 "quarantined: a call ran past plugin_timeout_ms ({} ms); not called until the chain is reloaded",
                 self.deadline.unwrap_or_default().as_millis()
             );
+            if self.is_required(&stage.name) {
+                return Err(PluginFailure {
+                    plugin: stage.name.clone(),
+                    message: format!("{message} (a required plugin: the turn fails)"),
+                });
+            }
             tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
             report.skipped = Some(message);
             return Ok(report);

@@ -155,6 +155,9 @@ pub struct Config {
     /// abort, an exit or a crash in them ends the worker, not the host (each one in the
     /// chain or the view; docs/chain.md#isolation).
     pub isolate: Vec<String>,
+    /// `[history] ingest`: plugins run on a turn's new messages before anything is stored,
+    /// their output stored as the transcript; required by nature (docs/chain.md#ingest).
+    pub ingest: Vec<String>,
     /// `[models.*]` in file order.
     pub models: Vec<(String, ModelTable)>,
     /// `[models] unknown`: what a session, a command or the proxy naming a model the file
@@ -459,6 +462,7 @@ impl Config {
             Vec::new(),
         );
         let mut isolate = Vec::new();
+        let mut ingest = Vec::new();
         let mut plugin_timeout_ms = DEFAULT_PLUGIN_TIMEOUT_MS;
         if let Some(history) = reader.table(root, "history", "the top level")? {
             let place = "[history]";
@@ -473,6 +477,7 @@ impl Config {
                     "plugin_timeout_ms",
                     "required",
                     "isolate",
+                    "ingest",
                 ],
             )?;
             plugin_timeout_ms = reader
@@ -502,6 +507,23 @@ impl Config {
                     }
                 }
             }
+            if let Some(item) = history.get("ingest") {
+                ingest = parse_plugin_list(&reader, history, "ingest", item)?;
+                for name in &ingest {
+                    let refuse = |message: String| Err(reader.key_error(history, "ingest", message));
+                    if name == "default" {
+                        return refuse(
+                            "\"default\" cannot be in ingest: it is the first stage of the chain".to_string(),
+                        );
+                    }
+                    if chain.contains(name) || view.contains(name) {
+                        return refuse(format!(
+                            "plugin \"{name}\" is in ingest and in the {}: a plugin runs in one of them",
+                            if chain.contains(name) { "chain" } else { "view" }
+                        ));
+                    }
+                }
+            }
             on_plugin_error = match reader.string(history, "on_plugin_error", place)? {
                 None | Some("skip") => OnPluginError::Skip,
                 Some("fail") => OnPluginError::Fail,
@@ -518,7 +540,10 @@ impl Config {
             };
             if let Some(item) = history.get("required") {
                 required = parse_plugin_list(&reader, history, "required", item)?;
-                if let Some(name) = required.iter().find(|n| !chain.contains(n) && !view.contains(n)) {
+                if let Some(name) = required
+                    .iter()
+                    .find(|n| !chain.contains(n) && !view.contains(n) && !ingest.contains(n))
+                {
                     return Err(reader.key_error(
                         history,
                         "required",
@@ -530,7 +555,10 @@ impl Config {
             }
             if let Some(item) = history.get("isolate") {
                 isolate = parse_plugin_list(&reader, history, "isolate", item)?;
-                if let Some(name) = isolate.iter().find(|n| !chain.contains(n) && !view.contains(n)) {
+                if let Some(name) = isolate
+                    .iter()
+                    .find(|n| !chain.contains(n) && !view.contains(n) && !ingest.contains(n))
+                {
                     return Err(reader.key_error(
                         history,
                         "isolate",
@@ -636,6 +664,7 @@ impl Config {
             plugin_timeout_ms,
             required,
             isolate,
+            ingest,
             models,
             unknown_models,
             plugins,

@@ -105,6 +105,15 @@ pub fn explain(
         let _ = writeln!(out, "  structural fault in the input: {fault}");
     }
     for (index, stage) in run.stages.iter().enumerate() {
+        if index == 0 && stage.ingest {
+            let _ = writeln!(
+                out,
+                "ingest: the stages below ran on the entering messages before anything was stored"
+            );
+        }
+        if !stage.ingest && index > 0 && run.stages[index - 1].ingest {
+            let _ = writeln!(out, "chain:");
+        }
         if stage.view && (index == 0 || !run.stages[index - 1].view) {
             let _ = writeln!(
                 out,

@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 use history_engine::document::parse_document;
 use history_engine::expand::{expand as expand_message, Target};
 use history_engine::output::{error_line, ExitGuard, Output, USAGE_STATUS, WRITE_FAILED_STATUS};
-use history_engine::{load_chain, logging, stateless_context, turns, Call, Config};
+use history_engine::{load_chain, logging, stateless_context, turns, Config};
 use plugin_api::wire::write_message;
 use plugin_api::{Message, RArc};
 
@@ -354,7 +354,7 @@ fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
     // Shared, not copied: only --explain reads it afterwards.
     let input = explain.then(|| document.messages.clone());
     let run = chain
-        .run_compared(document.messages, &ctx, Call::Process, previous.as_deref())
+        .run_entering(document.messages, &ctx, previous.as_deref())
         .map_err(|failure| Failure {
             status: 4,
             message: failure.to_string(),

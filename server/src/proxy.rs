@@ -11,7 +11,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use history_engine::{stateless_context, turns, Call, ChainRun};
+use history_engine::{stateless_context, turns, ChainRun};
 use history_sessions::{ErrorKind, SessionError};
 use http_body_util::{BodyExt, Full};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -398,7 +398,7 @@ async fn stateless_run(
         let chain = service.chain();
         let model = config.model(model.as_deref().unwrap_or("default"));
         let ctx = stateless_context(&config, model, turn);
-        match chain.run(history, &ctx, Call::Process) {
+        match chain.run_entering(history, &ctx, None) {
             Ok(run) => {
                 service.metrics.run(&run);
                 tracing::info!("proxy: {}", history_engine::summary::summary_line(&run));

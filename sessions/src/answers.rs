@@ -89,7 +89,7 @@ pub fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
         for event in &stage.events {
             events.push(event_json(&stage.plugin, event));
         }
-        stats.push(json!({
+        let mut stat = json!({
             "plugin": stage.plugin,
             "view": stage.view,
             "messages_in": stage.messages_in,
@@ -100,7 +100,11 @@ pub fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
             "prefix_kept": stage.prefix_kept,
             "skipped": stage.skipped,
             "quarantined": stage.quarantined,
-        }));
+        });
+        if stage.ingest {
+            stat["ingest"] = Value::Bool(true);
+        }
+        stats.push(stat);
     }
     // The sent history is most of the answer: written straight as text, not parsed into
     // a `Value` and serialized again. The members keep the order

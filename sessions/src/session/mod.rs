@@ -194,6 +194,15 @@ impl Session {
             meta.timestamp = ROption::RSome(stamp.as_str().into());
         }
         turns::stamp_entering(&mut entering, turn, Some(first_seq));
+        let ctx = self.context(env, model.clone(), turn)?;
+        // The ingest stages (a redactor) before anything is stored: what they return is
+        // the transcript (docs/chain.md#ingest). A fault fails the turn.
+        let mut ingest_stages = Vec::new();
+        if env.chain.has_ingest() {
+            let (ingested, reports) = env.chain.ingest(entering, &ctx).map_err(plugin_failed)?;
+            entering = ingested;
+            ingest_stages = reports;
+        }
         let mut known = self.known();
         for (offset, message) in entering.iter().enumerate() {
             known
@@ -202,11 +211,14 @@ impl Session {
                 .push((message.clone(), WorkingRef::Transcript(first_seq + offset as u64)));
         }
         history.extend(entering.iter().cloned());
-        let ctx = self.context(env, model.clone(), turn)?;
         let mut run = env
             .chain
             .run_compared(history, &ctx, Call::Process, self.last_sent.as_deref())
             .map_err(plugin_failed)?;
+        if !ingest_stages.is_empty() {
+            ingest_stages.append(&mut run.stages);
+            run.stages = ingest_stages;
+        }
         if let Some(index) = newest_user {
             add_display_context(&mut run.history, entering[index].origin(), &input.context);
         }
@@ -275,11 +287,12 @@ impl Session {
             ));
         }
         let transcript = env.store.transcript(&self.row.id, 1, known.max(1))?;
+        let resent = self.as_ingested(env, &messages[..transcript.len()])?;
         for (index, row) in transcript.iter().enumerate() {
             let stored: Value = serde_json::from_str(&row.message).map_err(|e| {
                 SessionError::new(ErrorKind::Store, format!("stored message is not JSON: {e}"))
             })?;
-            if without_stamps(stored) != without_stamps(messages[index].clone()) {
+            if without_stamps(stored) != without_stamps(resent[index].clone()) {
                 return Err(SessionError::new(
                     ErrorKind::Conflict,
                     format!(
@@ -304,6 +317,28 @@ impl Session {
                 context: Vec::new(),
             },
         )
+    }
+
+    /// Resent messages as the transcript holds them: through the ingest stages when there
+    /// are any (the transcript holds their output, docs/chain.md#ingest), else as they came.
+    fn as_ingested(&self, env: &Env<'_>, messages: &[Value]) -> Result<Vec<Value>, SessionError> {
+        if !env.chain.has_ingest() || messages.is_empty() {
+            return Ok(messages.to_vec());
+        }
+        let mut parsed = Vec::with_capacity(messages.len());
+        for (index, value) in messages.iter().enumerate() {
+            let message = parse_message(value)
+                .map_err(|e| SessionError::bad_input(format!("messages[{index}]: {e}")))?;
+            parsed.push(RArc::new(message));
+        }
+        turns::stamp_entering(&mut parsed, self.row.turn.max(1), Some(1));
+        let model = self.model_info(env.config, &self.row.model, self.row.effective_ctx);
+        let ctx = self.context(env, model, self.row.turn.max(1))?;
+        let (ingested, _) = env.chain.ingest(parsed, &ctx).map_err(plugin_failed)?;
+        Ok(ingested
+            .iter()
+            .map(|m| serde_json::from_str(&message_to_string(m)).unwrap_or(Value::Null))
+            .collect())
     }
 
     /// A model switch (docs/sessions.md#model-switch): `on_model_switch` on every stage,

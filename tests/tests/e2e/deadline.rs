@@ -74,6 +74,38 @@ fn a_call_past_the_deadline_is_skipped_and_the_plugin_quarantined() {
     assert!(reloaded.quarantined().is_empty());
 }
 
+/// A required plugin (or an ingest one) that was quarantined is not skipped on later
+/// calls, which would pass on what it guards: each later call fails, naming it.
+#[test]
+fn a_quarantined_required_plugin_fails_every_later_call() {
+    let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
+    let config = config("skip", "", dir.path());
+    let text = std::fs::read_to_string(&config.path).unwrap().replace(
+        "plugin_timeout_ms = 300",
+        "plugin_timeout_ms = 300\nrequired = [\"sleeper\"]",
+    );
+    std::fs::write(&config.path, text).unwrap();
+    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
+    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    let history = || plugin_api::wire::history_from_str(HISTORY).unwrap();
+    let failure = chain.run(history(), &ctx, Call::Process).unwrap_err();
+    assert!(
+        failure.message.contains("did not return within 300 ms"),
+        "{failure}"
+    );
+    assert_eq!(chain.quarantined(), ["sleeper"]);
+    for _ in 0..2 {
+        let started = Instant::now();
+        let failure = chain.run(history(), &ctx, Call::Process).unwrap_err();
+        assert!(started.elapsed() < Duration::from_millis(250), "not called again");
+        assert_eq!(failure.plugin, "sleeper");
+        assert!(
+            failure.message.starts_with("quarantined:") && failure.message.contains("a required plugin"),
+            "{failure}"
+        );
+    }
+}
+
 #[test]
 fn under_fail_the_turn_fails_naming_the_plugin_with_status_4() {
     let dir = plugin_dir_with(&[&fixture_library("sleeper")]);

@@ -21,6 +21,7 @@ mod hardening_check;
 mod hardening_load;
 mod hardening_output;
 mod host_services;
+mod ingest;
 mod isolation;
 mod metrics;
 mod process_cli;

@@ -506,6 +506,56 @@ fn the_sent_prefix_is_byte_stable_across_growing_calls_except_at_the_quantized_c
     );
 }
 
+/// `[history] ingest` through the proxy (docs/chain.md#ingest): a stateless request's
+/// messages are all entering, so the redactor runs on them before the chain and nothing
+/// with the secret goes upstream; with a session the transcript holds the redacted text,
+/// and a client resending the raw conversation still extends it (the resent prefix is
+/// compared as ingest would store it).
+#[test]
+fn ingest_redacts_what_goes_upstream_and_what_a_session_stores() {
+    let upstream = Upstream::start(Behaviour::default());
+    let dir = e2e_tests::fixtures::plugin_dir_with_installed(&[&fixture_library("redactor")]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"tool_result_filter\"]\ningest = [\"redactor\"]\n[models.gpt-4o]\n",
+        dir.path().display().to_string()
+    ));
+    let server = start(&config, &upstream.base_url());
+    let mut conversation = real_conversation();
+    conversation[1]["content"] = j!("my card is SECRET, book the flight");
+    let (answer, _) = post(
+        &server,
+        &j!({"model": "gpt-4o", "messages": conversation[..20]}),
+        &[],
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let received = upstream.requests().last().unwrap().json();
+    assert!(!received.to_string().contains("SECRET"), "{received}");
+    assert_eq!(
+        received["messages"][1]["content"],
+        "my card is [redacted], book the flight"
+    );
+
+    let id = server.create("gpt-4o");
+    for end in [20, 41] {
+        let (answer, _) = post(
+            &server,
+            &j!({"model": "gpt-4o", "messages": conversation[..end]}),
+            &[("X-History-Session", &id)],
+        );
+        assert_eq!(answer.status, 200, "{end}: {answer:?}");
+        assert!(!upstream
+            .requests()
+            .last()
+            .unwrap()
+            .json()
+            .to_string()
+            .contains("SECRET"));
+    }
+    let transcript = server.transcript(&id);
+    assert_eq!(transcript.len(), 41, "each message once");
+    assert!(!Value::Array(transcript).to_string().contains("SECRET"));
+}
+
 #[test]
 fn with_a_session_header_a_request_is_a_turn_and_the_transcript_holds_each_message_once() {
     let upstream = Upstream::start(Behaviour::default());
