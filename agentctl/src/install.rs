@@ -1,5 +1,5 @@
 //! `agentctl install FILE`: puts a plugin library built elsewhere into the configuration's
-//! `plugin_dir` (docs/cli.md#agentctl-install).
+//! `plugin_dir` (docs/cli.md#agentctl).
 //!
 //! The bytes are read once, written to a temporary file in `plugin_dir` (hidden: its name
 //! starts with `.`, so discovery never lists it) and fsynced; that copy — exactly what

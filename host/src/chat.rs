@@ -1,5 +1,5 @@
 //! `history-host chat`: a terminal session on the embedded store, no server (see
-//! docs/cli.md#chat). Each line is a user message and runs a turn; `:assistant TEXT`,
+//! docs/cli.md#history-host-chat). Each line is a user message and runs a turn; `:assistant TEXT`,
 //! `:tool NAME TEXT` and `:load FILE` feed the other roles; `!…` and `/…` are the runtime
 //! commands. After each turn it prints the `--explain` table and the sent history's size.
 //! With `--upstream URL` the assistant's replies come from a model: after each user line's

@@ -1,4 +1,4 @@
-//! The proxy's memory of the messages clients resend (docs/proxy.md#resent-messages).
+//! The proxy's memory of the messages clients resend (docs/proxy.md#stateless-by-default).
 //! An OpenAI client sends the whole conversation on every call, each message as the same
 //! JSON text as last time; parsing it again is most of what a stateless call would cost.
 //! So each message's text is remembered with the message parsed from it, and a message

@@ -31,6 +31,7 @@ use std::process::{Command, ExitCode};
 
 mod install;
 mod scaffold;
+mod tidy;
 mod workspace;
 
 use install::{Install, Profile};
