@@ -343,11 +343,13 @@ fn process(out: &mut Output, args: &ProcessArgs<'_>) -> Result<(), Failure> {
         .clone()
         .or(document.model)
         .unwrap_or_else(|| "default".to_string());
-    // Refused unless `[models] unknown = "default"`; then named with what it gets.
-    let model = config.known_model(&model_name).map_err(bad_input)?;
+    // A stateless call, like the proxy's: an unlisted model gets `[models.default]` and a
+    // warning naming it (docs/configuration.md#unknown-models); input documents from
+    // elsewhere name models this file need not list.
     if let Some(warning) = config.unlisted_model(&model_name) {
         tracing::warn!("{}", plugin_api::echo::line(&warning));
     }
+    let model = config.model(&model_name);
     let turn = turns::current_turn(&document.messages, document.turn);
     let tokenizer = model.tokenizer.as_str();
     let ctx = stateless_context(&config, model, turn);

@@ -594,13 +594,7 @@ fn a_session_or_command_naming_an_unknown_model_is_refused_naming_the_known_ones
     drop(server);
 
     // `[models] unknown = "default"` lets any name in, with the default's settings.
-    let config = shipped_config(
-        "",
-        &[(
-            "[models.default]",
-            "[models]\nunknown = \"default\"\n\n[models.default]",
-        )],
-    );
+    let config = shipped_config("", &[("unknown = ", "unknown = \"default\"")]);
     let store = TestStore::new(kind, &config);
     let server = Server::start(&config.path, store.path(), &[]);
     let answer = server.post("/v1/sessions", &j!({"model": "gtp-4o"}));

@@ -30,7 +30,8 @@ fn config_with(url: &str, model: &str, timeout_ms: u64, history: &str) -> TestCo
     TestConfig::new(&format!(
         "[history]\nchain = [\"default\", \"retention\"]\non_plugin_error = \"fail\"\n{history}\n\
          [summarizer]\nurl = \"{url}\"\nmodel = \"{model}\"\ntimeout_ms = {timeout_ms}\n\
-         [plugin.retention.tools.search]\nturns = 1\nmode = \"compact\"\ncompact_mode = \"ai_summary\"\ncompact_length = 100\n"
+         [plugin.retention.tools.search]\nturns = 1\nmode = \"compact\"\ncompact_mode = \"ai_summary\"\ncompact_length = 100\n\
+         [models.gpt-4o]\n"
     ))
 }
 
