@@ -120,24 +120,22 @@ fn a_standalone_plugin_scaffolded_in_a_copy_depends_on_the_copy_plugin_api() {
             == std::fs::read_to_string(built_in().join("Cargo.toml")).unwrap(),
         "a standalone crate is no member"
     );
-    // The hint says how to build and install a crate `cargo xtask build` does not know.
+    // The hint says how to build and install a crate `cargo xtask build` does not know:
+    // the README's out-of-tree flow (cargo build, agentctl install, history-chain-add).
     let stderr = text(&output.stderr);
     let library = plugin_api::naming::library_file_name("standalone_probe");
     assert!(
         stderr.contains(&format!(
-            "cargo build --release --manifest-path {}",
+            "cargo build --manifest-path {}",
             crate_dir.join("Cargo.toml").display()
         )),
         "{stderr}"
     );
     assert!(
-        stderr.contains(
-            &crate_dir
-                .join("target/release")
-                .join(&library)
-                .display()
-                .to_string()
-        ),
+        stderr.contains(&format!(
+            "agentctl install {}",
+            crate_dir.join("target/debug").join(&library).display()
+        )),
         "{stderr}"
     );
 }
