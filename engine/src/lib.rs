@@ -33,7 +33,9 @@ pub mod chain;
 /// The output check: plugin-api's, so a plugin's own tests run the same code.
 pub use plugin_api::check;
 pub mod compat;
-pub mod config;
+/// `plugins-enabled.toml`, read by its own crate (config/): the engine re-exports it so
+/// its callers have one name for it.
+pub use history_config as config;
 mod deadline;
 pub mod document;
 mod elf;

@@ -4,7 +4,7 @@
 use toml_edit::Table;
 
 use super::Reader;
-use crate::config::ConfigError;
+use crate::ConfigError;
 use plugin_api::echo;
 
 /// `[summarizer] timeout_ms` when omitted.
