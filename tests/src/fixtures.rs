@@ -124,6 +124,12 @@ pub fn plugin_built_against_changed_api(change: ApiChange) -> PathBuf {
         "serde_json.workspace = true",
         "serde_json = { version = \"1\", features = [\"preserve_order\"] }",
     );
+    patch(
+        &api.join("Cargo.toml"),
+        "rustc-hash.workspace = true",
+        "rustc-hash = \"2\"",
+    );
+    patch(&api.join("Cargo.toml"), "[lints]\nworkspace = true\n", "");
     let name = format!("changed_{kind}");
     let plugin = root.join("plugin");
     std::fs::create_dir_all(plugin.join("src")).unwrap();
