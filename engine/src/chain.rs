@@ -6,15 +6,14 @@ use std::time::{Duration, Instant};
 
 use plugin_api::echo;
 use plugin_api::structure::Faults;
-use plugin_api::{
-    Context, Event, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice,
-};
+use plugin_api::{Context, Event, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice};
 
 use crate::check::check_stage;
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
-use crate::loader::{Catalog, PluginLibrary, Unavailable};
+use crate::library::{instantiate_library, load_context, table_error};
+use crate::loader::{Catalog, Unavailable};
 use crate::{logging, services, tokens, turns};
 
 /// One loaded plugin instance in the chain.
@@ -164,20 +163,6 @@ impl std::fmt::Display for PluginFailure {
 }
 
 impl std::error::Error for PluginFailure {}
-
-/// The [`LoadContext`] for plugin `name`'s `new`.
-fn load_context(config: &Config, name: &str) -> LoadContext {
-    let config_json = config
-        .plugin_table(name)
-        .map(|t| t.json.to_string())
-        .unwrap_or_else(|| "{}".to_string());
-    LoadContext {
-        config_json: config_json.into(),
-        agent_max_ctx: config.agent_max_ctx,
-        models: config.models_for_validation().into(),
-        services: services::SERVICES,
-    }
-}
 
 impl Chain {
     /// Instantiates the configured chain from the discovered plugins. Every
@@ -734,31 +719,6 @@ fn load_isolated(config: &Config, catalog: &Catalog, list: &str, name: &str) -> 
             Err(cannot_load(format!("{}: {why}", file.path.display())))
         }
     }
-}
-
-/// Builds an instance of `library` with its `[plugin.NAME]` table, the plugin validating
-/// it (what `agentctl plugins` and `check` report per plugin). The error names the table,
-/// the key and its line.
-pub(crate) fn instantiate_library(
-    config: &Config,
-    library: &PluginLibrary,
-) -> Result<PluginBox, ConfigError> {
-    let name = library.name.as_str();
-    let load = load_context(config, name);
-    logging::with_plugin(name, || library.instantiate(&load)).map_err(|err| table_error(config, name, &err))
-}
-
-/// A plugin's refusal of its table: the table, the key and its line.
-fn table_error(config: &Config, name: &str, err: &plugin_api::ConfigError) -> ConfigError {
-    let line = config
-        .plugin_key_line(name, &err.key)
-        .or_else(|| config.history_key_line("chain"));
-    let place = if err.key.is_empty() {
-        format!("[plugin.{name}]")
-    } else {
-        format!("[plugin.{name}] {}", echo::bare(&err.key))
-    };
-    config.error(line, format!("{place}: {}", echo::text(&err.message)))
 }
 
 fn log_events(plugin: &str, events: &[Event]) {

@@ -41,6 +41,7 @@ pub mod document;
 mod elf;
 pub mod expand;
 pub mod isolate;
+mod library;
 mod loader;
 pub mod logging;
 pub mod output;
@@ -61,10 +62,8 @@ pub use config::{Config, ConfigError, OnPluginError, UnknownModels};
 /// Whether a file is a complete ELF shared library for this host, before anything maps it
 /// (`agentctl install` checks a library with it before copying it).
 pub use elf::check as check_elf_library;
-pub use loader::{
-    host_api_version, library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, PluginLibrary,
-    Refusal, Unavailable,
-};
+pub use library::{host_api_version, PluginLibrary, Refusal};
+pub use loader::{library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, Unavailable};
 pub use probe::Prober;
 
 /// Echoing user- and plugin-supplied text in error and log lines: escaped, cut.

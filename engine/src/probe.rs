@@ -23,9 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::chain::instantiate_library;
 use crate::config::Config;
-use crate::loader::{PluginLibrary, Refusal};
+use crate::library::{instantiate_library, PluginLibrary, Refusal};
 
 /// The key that marks the child's answer among whatever else a library prints.
 const MARK: &str = "history_probe";

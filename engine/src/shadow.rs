@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use crate::loader::{LibraryFile, PluginLibrary, Refusal};
+use crate::library::{PluginLibrary, Refusal};
 
 /// The folder of `plugin_dir` that holds the shadow copies; discovery never looks in it.
 pub const SHADOW_DIR: &str = ".shadow";
@@ -76,26 +76,27 @@ impl ShadowLibraries {
         self.loaded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `file`'s library: the one already loaded with the same content, or its content
-    /// copied to its shadow path and loaded from there. The library is named by `file`'s
-    /// own path in errors and reports.
-    pub(crate) fn load(&self, file: &LibraryFile) -> Result<PluginLibrary, Refusal> {
+    /// The library of the file at `path` in `plugin_dir` (read from `target`, a symlink's
+    /// target or `path` itself): the one already loaded with the same content, or its
+    /// content copied to its shadow path and loaded from there. The library is named by
+    /// `path` in errors and reports.
+    pub(crate) fn load(&self, path: &Path, target: &Path) -> Result<PluginLibrary, Refusal> {
         let refuse = |reason: String| Refusal {
-            path: file.path.clone(),
+            path: path.to_path_buf(),
             reason,
             detail: None,
         };
         // One read: the bytes hashed are the bytes copied, even while the file is rewritten.
-        let bytes = std::fs::read(&file.target).map_err(|e| refuse(format!("cannot read it: {e}")))?;
+        let bytes = std::fs::read(target).map_err(|e| refuse(format!("cannot read it: {e}")))?;
         let hash = content_hash(&bytes);
         let mut loaded = self.lock();
         if let Some(known) = loaded.get(&hash) {
             let mut library = known.library.clone();
-            library.path = file.path.clone();
+            library.path = path.to_path_buf();
             return Ok(library);
         }
-        let plugin_dir = file.path.parent().unwrap_or(Path::new("."));
-        let file_name = file.path.file_name().unwrap_or_default();
+        let plugin_dir = path.parent().unwrap_or(Path::new("."));
+        let file_name = path.file_name().unwrap_or_default();
         let copy = shadow_path(plugin_dir, &hash, file_name);
         // A host that reloads loads only copies: plugin_dir must be writable for it.
         let cannot = |what: &str, e: std::io::Error| {
@@ -108,7 +109,7 @@ impl ShadowLibraries {
         let in_use = claim(copy.parent().expect("a shadow path has a folder"))
             .map_err(|e| cannot("lock the folder of its shadow copy", e))?;
         write_copy(&copy, &bytes, &hash).map_err(|e| cannot("write its shadow copy", e))?;
-        let library = PluginLibrary::load_as(&file.path, &copy)?;
+        let library = PluginLibrary::load_as(path, &copy)?;
         tracing::debug!("plugin \"{}\" loaded from {}", library.name, copy.display());
         loaded.insert(
             hash,

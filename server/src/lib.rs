@@ -5,6 +5,7 @@
 //! need `Authorization: Bearer TOKEN`; bodies past `max_body_mb` are refused with 413
 //! before they are read whole.
 
+mod app;
 mod auth;
 mod proxy;
 mod resent;
@@ -125,7 +126,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
         tracing::info!("proxying /v1/chat/completions to {}", upstream.url());
     }
     let app = routes::router(
-        routes::App {
+        app::App {
             service: service.clone(),
             token: token.map(Arc::from),
             upstream,

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::routes::App;
+use crate::app::App;
 use crate::upstream::{unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.

@@ -1,7 +1,6 @@
 //! The endpoints (docs/http-api.md).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,23 +11,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use history_sessions::answers::{history_json_as, switch_json, turn_json, HistoryForm};
-use history_sessions::{Command, ContextItem, ErrorKind, Service, SessionError, TranscriptPage, TurnInput};
+use history_sessions::{Command, ContextItem, ErrorKind, SessionError, TranscriptPage, TurnInput};
 use serde_json::{json, Map, Value};
 
+use crate::app::App;
 use crate::auth::{self, Denied};
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct App {
-    pub service: Arc<Service>,
-    pub token: Option<Arc<str>>,
-    /// The proxy's upstream (docs/proxy.md), when one is configured.
-    pub upstream: Option<Arc<crate::upstream::Upstream>>,
-    /// The messages stateless proxy calls resent, parsed once (docs/proxy.md#stateless-by-default).
-    pub resent: Arc<crate::resent::ResentMessages>,
-    /// The unknown model names the proxy has warned about (docs/proxy.md#models).
-    pub warned_models: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
-}
 
 /// The largest transcript page.
 const MAX_PAGE: u64 = 1000;

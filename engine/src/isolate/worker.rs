@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap;
 
 use super::codec::{Decoded, Decoder, Encoder, Malformed};
 use super::framing::{self, FrameReader, ReadFailure};
-use crate::loader::PluginLibrary;
+use crate::library::PluginLibrary;
 use crate::services;
 
 /// Where frames go: the real stdout, shared by the call's answer and the plugin's log

@@ -1,0 +1,20 @@
+//! What every handler shares: the service, the operator's token, the proxy's upstream
+//! and its memories. Its own module so the routes and the proxy both take it from here
+//! and neither from the other.
+
+use std::sync::Arc;
+
+use history_sessions::Service;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct App {
+    pub service: Arc<Service>,
+    pub token: Option<Arc<str>>,
+    /// The proxy's upstream (docs/proxy.md), when one is configured.
+    pub upstream: Option<Arc<crate::upstream::Upstream>>,
+    /// The messages stateless proxy calls resent, parsed once (docs/proxy.md#stateless-by-default).
+    pub resent: Arc<crate::resent::ResentMessages>,
+    /// The unknown model names the proxy has warned about (docs/proxy.md#models).
+    pub warned_models: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
