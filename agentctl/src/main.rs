@@ -328,15 +328,21 @@ fn run_edit(
 ) -> Result<bool, Failure> {
     let outcome = edit::run(file, &edit, edit::Loading::Probed(prober()?), fault_hook)
         .map_err(|refusal| refused(refusal.0))?;
+    let hint = edit.hint();
+    if let (Some(hint), false) = (&hint, json) {
+        // Beside the report, not in it: stdout stays the edit's one line.
+        eprintln!("{PROGRAM}: hint: {hint}");
+    }
     let printed = if json {
-        print_json(
-            out,
-            &serde_json::json!({
-                "file": outcome.file.display().to_string(),
-                "summary": outcome.summary,
-                "written": outcome.written,
-            }),
-        )
+        let mut report = serde_json::json!({
+            "file": outcome.file.display().to_string(),
+            "summary": outcome.summary,
+            "written": outcome.written,
+        });
+        if let Some(hint) = hint {
+            report["hint"] = hint.into();
+        }
+        print_json(out, &report)
     } else if outcome.written {
         print_text(
             out,
