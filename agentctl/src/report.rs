@@ -374,6 +374,7 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
                 "tokens_out": s.tokens_out,
                 "ok": s.fault.is_none(),
                 "fault": s.fault,
+                "changed": s.changed,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });

@@ -129,6 +129,8 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
 
 /// The history `check` runs the chain on: a system prompt, a task, a tool call with its
 /// result, the assistant's answer and a follow-up, in the OpenAI Chat Completions format.
+/// The follow-up carries what a redactor looks for (a token, an e-mail address), so a
+/// plugin that rewrites text shows itself by its `message-changed` events.
 pub const SAMPLE_HISTORY: &str = r#"[
   {"role": "system", "content": "You are a coding agent working in a git repository. Use the tools to read and change files; keep answers short."},
   {"role": "user", "content": "The test `parses_leap_days` fails for the year 1900. Find the cause and fix it."},
@@ -137,7 +139,7 @@ pub const SAMPLE_HISTORY: &str = r#"[
   ]},
   {"role": "tool", "tool_call_id": "call_read_1", "content": "pub fn days_in_february(year: i32) -> u32 {\n    if year % 4 == 0 { 29 } else { 28 }\n}\n"},
   {"role": "assistant", "content": "`days_in_february` ignores the century rule: 1900 is not a leap year. The fix is `year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)`."},
-  {"role": "user", "content": "Good. Apply the fix and run the tests."}
+  {"role": "user", "content": "Good. Apply the fix and run the tests. The CI reads SECRET_TOKEN=sk-SECRET-4f8a2c91 from .env; mail the result to ops@example.com."}
 ]"#;
 
 /// One plugin's part in a sample run.
@@ -150,6 +152,8 @@ pub struct StageCheck {
     pub tokens_out: u64,
     /// The fault (error, panic or invalid output), if any.
     pub fault: Option<String>,
+    /// Its `message-changed` events: messages it rewrote in place (a redaction).
+    pub changed: usize,
 }
 
 /// The sample run on one model.
@@ -354,9 +358,38 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
         }
     };
     let (runs, problems) = sample_runs(&mut chain, &config);
+    report.warnings.extend(fail_open_rewriters(&config, &runs));
     report.runs = runs;
     report.problems.extend(problems);
     report
+}
+
+/// A plugin that rewrote messages on the sample history (`message-changed`: a redactor,
+/// say) and is not `required`, under `on_plugin_error = "skip"`: its fault would pass its
+/// input on unrewritten, with one warning (docs/chain.md#faults). One warning each.
+fn fail_open_rewriters(config: &Config, runs: &[SampleRun]) -> Vec<String> {
+    if config.on_plugin_error != OnPluginError::Skip {
+        return Vec::new();
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for stage in runs.iter().flat_map(|run| &run.stages) {
+        if stage.changed > 0
+            && !config.required.contains(&stage.plugin)
+            && !names.contains(&stage.plugin.as_str())
+        {
+            names.push(&stage.plugin);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            format!(
+                "plugin \"{name}\" rewrites messages (message-changed on the sample history) but is not required: \
+                 under on_plugin_error = \"skip\" its fault sends its input on unrewritten (a redaction lost); \
+                 `agentctl history-require {name}` makes its fault fail the turn"
+            )
+        })
+        .collect()
 }
 
 /// Runs `chain` on [`SAMPLE_HISTORY`] once per model (every listed model and `default`):
@@ -403,6 +436,11 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
                         tokens_in: s.tokens_in,
                         tokens_out: s.tokens_out,
                         fault: s.skipped.clone(),
+                        changed: s
+                            .events
+                            .iter()
+                            .filter(|e| e.kind == plugin_api::EventKind::MessageChanged)
+                            .count(),
                     })
                     .collect();
                 for stage in &stages {
