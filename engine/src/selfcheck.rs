@@ -38,6 +38,8 @@ pub struct LibraryStatus {
     /// Where it runs, when it is in the chain or the view.
     pub position: Option<Place>,
     pub summary: Option<String>,
+    /// The keys its `[plugin.NAME]` table accepts, each with its meaning (its `describe`).
+    pub config_keys: Vec<(String, String)>,
 }
 
 impl LibraryStatus {
@@ -78,6 +80,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
             enabled: position(&file.name).is_some(),
             position: position(&file.name),
             summary: None,
+            config_keys: Vec::new(),
         };
         let result = match file.refusal() {
             Some(refusal) => Err(refusal.clone()),
@@ -91,6 +94,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
                     None => {
                         status.available = true;
                         status.summary = Some(library.summary.clone());
+                        status.config_keys = library.config_keys.clone();
                         status.loads = library.config_error.is_none();
                         status.reason = library
                             .config_error
@@ -121,6 +125,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
                 enabled: true,
                 position: config.place_of(name),
                 summary: None,
+                config_keys: Vec::new(),
             });
         }
     }
