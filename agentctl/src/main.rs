@@ -258,7 +258,7 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .without_time()
+        .with_timer(tracing_subscriber::fmt::time::SystemTime)
         .with_target(false)
         .try_init();
 }

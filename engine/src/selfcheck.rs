@@ -429,7 +429,11 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
         let effective_ctx = model.effective_ctx;
         let ctx = stateless_context(config, model, turn);
         let messages_in = history.len();
-        match chain.run(history, &ctx, Call::Process) {
+        // Every line logged during the run — the plugins' own, skips, the summary — says
+        // it is the sample's (`sample_run{model=…}:`), so a reload's check is not taken
+        // for a turn (docs/cli.md#logging).
+        let span = tracing::info_span!("sample_run", model = %plugin_api::echo::bare(&name));
+        match span.in_scope(|| chain.run(history, &ctx, Call::Process)) {
             Ok(run) => {
                 let stages: Vec<StageCheck> = run
                     .stages
