@@ -114,6 +114,9 @@ enum Command {
     /// Every plugin library in plugin_dir: name, version, file, whether it loads, whether
     /// it is enabled.
     Plugins,
+    /// The keys plugin NAME accepts in its [plugin.NAME] table, each with its meaning (as
+    /// the plugin describes them).
+    PluginKeys { name: String },
     /// Load the chain, validate every plugin's config, run the chain on a sample history.
     Check,
     /// Internal: load one plugin library in this process and print what it is as one JSON
@@ -216,6 +219,7 @@ fn run(cli: Cli, out: &mut Output, guard: &ExitGuard) -> Result<bool, Failure> {
     let edit = match cli.command {
         Command::HistoryList => return history_list(out, file, json),
         Command::Plugins => return plugins(out, file, json),
+        Command::PluginKeys { name } => return plugin_keys(out, file, &name, json),
         Command::Check => return check(out, file, json),
         Command::Install { library, force } => return install(out, file, &library, force, json, guard),
         Command::ProbeLibrary { .. } | Command::Worker => unreachable!("answered before anything else runs"),
@@ -254,7 +258,7 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .without_time()
+        .with_timer(tracing_subscriber::fmt::time::SystemTime)
         .with_target(false)
         .try_init();
 }
@@ -328,15 +332,21 @@ fn run_edit(
 ) -> Result<bool, Failure> {
     let outcome = edit::run(file, &edit, edit::Loading::Probed(prober()?), fault_hook)
         .map_err(|refusal| refused(refusal.0))?;
+    let hint = edit.hint();
+    if let (Some(hint), false) = (&hint, json) {
+        // Beside the report, not in it: stdout stays the edit's one line.
+        eprintln!("{PROGRAM}: hint: {hint}");
+    }
     let printed = if json {
-        print_json(
-            out,
-            &serde_json::json!({
-                "file": outcome.file.display().to_string(),
-                "summary": outcome.summary,
-                "written": outcome.written,
-            }),
-        )
+        let mut report = serde_json::json!({
+            "file": outcome.file.display().to_string(),
+            "summary": outcome.summary,
+            "written": outcome.written,
+        });
+        if let Some(hint) = hint {
+            report["hint"] = hint.into();
+        }
+        print_json(out, &report)
     } else if outcome.written {
         print_text(
             out,
@@ -415,6 +425,52 @@ fn plugins(out: &mut Output, file: &Path, json: bool) -> Result<bool, Failure> {
     let statuses = selfcheck::plugins(&config, &prober()?)
         .map_err(|err| refused(format!("{}: {err}", file.display())))?;
     let (text, value) = report::render_plugins(&config, &statuses);
+    if json {
+        print_json(out, &value)?;
+    } else {
+        print_text(out, &text)?;
+    }
+    Ok(true)
+}
+
+/// `plugin-keys NAME`: probes the libraries as `plugins` does (a library that crashes
+/// while it loads ends a child, not agentctl) and shows NAME's keys.
+fn plugin_keys(out: &mut Output, file: &Path, name: &str, json: bool) -> Result<bool, Failure> {
+    let config = load_config(file)?;
+    let statuses = selfcheck::plugins(&config, &prober()?)
+        .map_err(|err| refused(format!("{}: {err}", file.display())))?;
+    let status = statuses
+        .iter()
+        .find(|s| s.available && s.name == name)
+        .or_else(|| statuses.iter().find(|s| s.name == name && s.file.is_some()));
+    let status = match status {
+        Some(status) if status.available => status,
+        Some(status) => {
+            return Err(refused(format!(
+                "plugin \"{}\" does not load: {}",
+                echo::bare(name),
+                status.reason.as_deref().unwrap_or("unknown reason")
+            )))
+        }
+        None => {
+            let available: Vec<&str> = statuses
+                .iter()
+                .filter(|s| s.available)
+                .map(|s| s.name.as_str())
+                .collect();
+            return Err(refused(format!(
+                "plugin \"{}\" is not available in {} (available: {})",
+                echo::bare(name),
+                config.plugin_dir.display(),
+                if available.is_empty() {
+                    "none".to_string()
+                } else {
+                    available.join(", ")
+                }
+            )));
+        }
+    };
+    let (text, value) = report::render_plugin_keys(status);
     if json {
         print_json(out, &value)?;
     } else {

@@ -252,7 +252,46 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
             "list": s.position.map(|p| p.list()),
             "isolated": config.is_isolated(&s.name),
             "description": s.summary,
+            "config_keys": keys_json(&s.config_keys),
         })).collect::<Vec<_>>(),
+    });
+    (text, json)
+}
+
+fn keys_json(keys: &[(String, String)]) -> Value {
+    keys.iter()
+        .map(|(name, meaning)| json!({"name": name, "meaning": meaning}))
+        .collect()
+}
+
+/// `plugin-keys NAME`: the keys plugin `status` accepts in its `[plugin.NAME]` table, each
+/// with its meaning, as text and JSON.
+pub fn render_plugin_keys(status: &LibraryStatus) -> (String, Value) {
+    let mut text = String::new();
+    let version = status.version.as_deref().unwrap_or("-");
+    let file = status
+        .file
+        .as_ref()
+        .map(|f| f.display().to_string())
+        .unwrap_or_default();
+    if status.config_keys.is_empty() {
+        let _ = writeln!(text, "{} {version} ({file}) accepts no keys", status.name);
+    } else {
+        let _ = writeln!(
+            text,
+            "{} {version} ({file}) accepts, in [plugin.{}]:",
+            status.name, status.name
+        );
+        let width = status.config_keys.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (key, meaning) in &status.config_keys {
+            let _ = writeln!(text, "  {key:<width$}  {}", echo::text(meaning));
+        }
+    }
+    let json = json!({
+        "name": status.name,
+        "version": status.version,
+        "file": status.file.as_ref().map(|f| f.display().to_string()),
+        "config_keys": keys_json(&status.config_keys),
     });
     (text, json)
 }
@@ -374,6 +413,7 @@ pub fn render_check(report: &CheckReport) -> (String, Value) {
                 "tokens_out": s.tokens_out,
                 "ok": s.fault.is_none(),
                 "fault": s.fault,
+                "changed": s.changed,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });

@@ -557,8 +557,13 @@ impl Chain {
             let (input, ctx, instance, name) =
                 (input.clone(), ctx.clone(), instance.clone(), stage.name.clone());
             let call = OwnedCall::of(call);
+            // The caller's span (a sample run's) goes with the call to the helper thread,
+            // so the plugin's log lines carry it.
+            let span = tracing::Span::current();
             Box::new(move || {
-                logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+                span.in_scope(|| {
+                    logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+                })
             })
         };
         let timed = self.calls.call(limit, job);

@@ -136,9 +136,29 @@ impl PluginLibrary {
     pub fn instantiate(&self, load: &LoadContext) -> Result<PluginBox, plugin_api::ConfigError> {
         match (self.module.new())(load) {
             RResult::ROk(instance) => Ok(instance),
-            RResult::RErr(err) => Err(err),
+            RResult::RErr(err) => Err(with_known_keys(err, &self.description.config_keys)),
         }
     }
+}
+
+/// A plugin's refusal of a key of its table that it does not read (`ConfigTable::finish`'s
+/// `unknown key`), with the keys it accepts by its `describe`, as the host's own unknown
+/// keys are told (docs/configuration.md#errors). A key inside a nested table is left as it
+/// is: the list is of the table's top level.
+fn with_known_keys(
+    mut err: plugin_api::ConfigError,
+    keys: &[plugin_api::ConfigKey],
+) -> plugin_api::ConfigError {
+    let top_level = !err.key.is_empty() && !err.key.contains(['.', '[']);
+    if top_level && err.message.as_str() == "unknown key" {
+        let names: Vec<&str> = keys.iter().map(|key| key.name.as_str()).collect();
+        err.message = if names.is_empty() {
+            "unknown key (it accepts no keys)".into()
+        } else {
+            format!("unknown key (known: {})", names.join(", ")).into()
+        };
+    }
+    err
 }
 
 fn err_text(err: &LibraryError) -> String {
@@ -244,4 +264,37 @@ pub(crate) fn table_error(config: &Config, name: &str, err: &plugin_api::ConfigE
         format!("[plugin.{name}] {}", echo::bare(&err.key))
     };
     config.error(line, format!("{place}: {}", echo::text(&err.message)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::{ConfigError, ConfigKey};
+
+    #[test]
+    fn an_unknown_key_is_told_with_the_keys_the_plugin_accepts() {
+        let keys = [("recent", "r"), ("max_tokens", "m")].map(|(name, meaning)| ConfigKey {
+            name: name.into(),
+            meaning: meaning.into(),
+        });
+        let told = with_known_keys(ConfigError::new("recnet", "unknown key"), &keys);
+        assert_eq!(
+            told.to_string(),
+            "recnet: unknown key (known: recent, max_tokens)"
+        );
+        let none = with_known_keys(ConfigError::new("x", "unknown key"), &[]);
+        assert_eq!(none.to_string(), "x: unknown key (it accepts no keys)");
+        // Other refusals, and keys of nested tables, are the plugin's words alone.
+        for (key, message) in [
+            ("recent", "expected an integer ≥ 0, found \"a\""),
+            ("tools.search.x", "unknown key"),
+        ] {
+            assert_eq!(
+                with_known_keys(ConfigError::new(key, message), &keys)
+                    .message
+                    .as_str(),
+                message
+            );
+        }
+    }
 }

@@ -49,6 +49,8 @@ pub struct Probed {
     pub version: String,
     /// The one-line summary of its description.
     pub summary: String,
+    /// The keys its table accepts, each with its meaning (its description).
+    pub config_keys: Vec<(String, String)>,
     /// With a configuration: the plugin's `new` refused its table, in one line.
     pub config_error: Option<String>,
 }
@@ -192,6 +194,15 @@ fn parse_answer(output: &str) -> Option<Answer> {
         name: text("name")?,
         version: text("version")?,
         summary: text("summary").unwrap_or_default(),
+        config_keys: value
+            .get("config_keys")
+            .and_then(Value::as_array)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|pair| Some((pair[0].as_str()?.to_string(), pair[1].as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default(),
         config_error: text("config_error"),
     }))
 }
@@ -260,6 +271,12 @@ pub fn answer(library: &Path, config: Option<&Path>) -> ExitCode {
                 "name": library.name,
                 "version": library.version,
                 "summary": library.description.summary.as_str(),
+                "config_keys": library
+                    .description
+                    .config_keys
+                    .iter()
+                    .map(|key| [key.name.as_str(), key.meaning.as_str()])
+                    .collect::<Vec<_>>(),
                 "config_error": config_error,
             })
         }

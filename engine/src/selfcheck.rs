@@ -38,6 +38,8 @@ pub struct LibraryStatus {
     /// Where it runs, when it is in the chain or the view.
     pub position: Option<Place>,
     pub summary: Option<String>,
+    /// The keys its `[plugin.NAME]` table accepts, each with its meaning (its `describe`).
+    pub config_keys: Vec<(String, String)>,
 }
 
 impl LibraryStatus {
@@ -78,6 +80,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
             enabled: position(&file.name).is_some(),
             position: position(&file.name),
             summary: None,
+            config_keys: Vec::new(),
         };
         let result = match file.refusal() {
             Some(refusal) => Err(refusal.clone()),
@@ -91,6 +94,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
                     None => {
                         status.available = true;
                         status.summary = Some(library.summary.clone());
+                        status.config_keys = library.config_keys.clone();
                         status.loads = library.config_error.is_none();
                         status.reason = library
                             .config_error
@@ -121,6 +125,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
                 enabled: true,
                 position: config.place_of(name),
                 summary: None,
+                config_keys: Vec::new(),
             });
         }
     }
@@ -129,6 +134,8 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
 
 /// The history `check` runs the chain on: a system prompt, a task, a tool call with its
 /// result, the assistant's answer and a follow-up, in the OpenAI Chat Completions format.
+/// The follow-up carries what a redactor looks for (a token, an e-mail address), so a
+/// plugin that rewrites text shows itself by its `message-changed` events.
 pub const SAMPLE_HISTORY: &str = r#"[
   {"role": "system", "content": "You are a coding agent working in a git repository. Use the tools to read and change files; keep answers short."},
   {"role": "user", "content": "The test `parses_leap_days` fails for the year 1900. Find the cause and fix it."},
@@ -137,7 +144,7 @@ pub const SAMPLE_HISTORY: &str = r#"[
   ]},
   {"role": "tool", "tool_call_id": "call_read_1", "content": "pub fn days_in_february(year: i32) -> u32 {\n    if year % 4 == 0 { 29 } else { 28 }\n}\n"},
   {"role": "assistant", "content": "`days_in_february` ignores the century rule: 1900 is not a leap year. The fix is `year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)`."},
-  {"role": "user", "content": "Good. Apply the fix and run the tests."}
+  {"role": "user", "content": "Good. Apply the fix and run the tests. The CI reads SECRET_TOKEN=sk-SECRET-4f8a2c91 from .env; mail the result to ops@example.com."}
 ]"#;
 
 /// One plugin's part in a sample run.
@@ -150,6 +157,8 @@ pub struct StageCheck {
     pub tokens_out: u64,
     /// The fault (error, panic or invalid output), if any.
     pub fault: Option<String>,
+    /// Its `message-changed` events: messages it rewrote in place (a redaction).
+    pub changed: usize,
 }
 
 /// The sample run on one model.
@@ -354,9 +363,38 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
         }
     };
     let (runs, problems) = sample_runs(&mut chain, &config);
+    report.warnings.extend(fail_open_rewriters(&config, &runs));
     report.runs = runs;
     report.problems.extend(problems);
     report
+}
+
+/// A plugin that rewrote messages on the sample history (`message-changed`: a redactor,
+/// say) and is not `required`, under `on_plugin_error = "skip"`: its fault would pass its
+/// input on unrewritten, with one warning (docs/chain.md#faults). One warning each.
+fn fail_open_rewriters(config: &Config, runs: &[SampleRun]) -> Vec<String> {
+    if config.on_plugin_error != OnPluginError::Skip {
+        return Vec::new();
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for stage in runs.iter().flat_map(|run| &run.stages) {
+        if stage.changed > 0
+            && !config.required.contains(&stage.plugin)
+            && !names.contains(&stage.plugin.as_str())
+        {
+            names.push(&stage.plugin);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            format!(
+                "plugin \"{name}\" rewrites messages (message-changed on the sample history) but is not required: \
+                 under on_plugin_error = \"skip\" its fault sends its input on unrewritten (a redaction lost); \
+                 `agentctl history-require {name}` makes its fault fail the turn"
+            )
+        })
+        .collect()
 }
 
 /// Runs `chain` on [`SAMPLE_HISTORY`] once per model (every listed model and `default`):
@@ -391,7 +429,11 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
         let effective_ctx = model.effective_ctx;
         let ctx = stateless_context(config, model, turn);
         let messages_in = history.len();
-        match chain.run(history, &ctx, Call::Process) {
+        // Every line logged during the run — the plugins' own, skips, the summary — says
+        // it is the sample's (`sample_run{model=…}:`), so a reload's check is not taken
+        // for a turn (docs/cli.md#logging).
+        let span = tracing::info_span!("sample_run", model = %plugin_api::echo::bare(&name));
+        match span.in_scope(|| chain.run(history, &ctx, Call::Process)) {
             Ok(run) => {
                 let stages: Vec<StageCheck> = run
                     .stages
@@ -403,6 +445,11 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
                         tokens_in: s.tokens_in,
                         tokens_out: s.tokens_out,
                         fault: s.skipped.clone(),
+                        changed: s
+                            .events
+                            .iter()
+                            .filter(|e| e.kind == plugin_api::EventKind::MessageChanged)
+                            .count(),
                     })
                     .collect();
                 for stage in &stages {

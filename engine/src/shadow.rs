@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -23,6 +24,9 @@ use crate::library::{PluginLibrary, Refusal};
 
 /// The folder of `plugin_dir` that holds the shadow copies; discovery never looks in it.
 pub const SHADOW_DIR: &str = ".shadow";
+
+/// A library that takes longer than this to copy and map is named in an info line.
+const SLOW_LOAD: Duration = Duration::from_millis(250);
 
 /// The lock file of one shadow folder.
 const LOCK_FILE: &str = ".lock";
@@ -86,6 +90,7 @@ impl ShadowLibraries {
             reason,
             detail: None,
         };
+        let started = Instant::now();
         // One read: the bytes hashed are the bytes copied, even while the file is rewritten.
         let bytes = std::fs::read(target).map_err(|e| refuse(format!("cannot read it: {e}")))?;
         let hash = content_hash(&bytes);
@@ -108,9 +113,20 @@ impl ShadowLibraries {
         };
         let in_use = claim(copy.parent().expect("a shadow path has a folder"))
             .map_err(|e| cannot("lock the folder of its shadow copy", e))?;
-        write_copy(&copy, &bytes, &hash).map_err(|e| cannot("write its shadow copy", e))?;
+        write_copy(&copy, &bytes).map_err(|e| cannot("write its shadow copy", e))?;
+        let copied = started.elapsed();
         let library = PluginLibrary::load_as(path, &copy)?;
         tracing::debug!("plugin \"{}\" loaded from {}", library.name, copy.display());
+        // What a start or reload spends its time on, when it is slow (docs/chain.md#hot-reload).
+        if started.elapsed() >= SLOW_LOAD {
+            tracing::info!(
+                "plugin library {}: {:.1} MB read, hashed and copied in {} ms, mapped in {} ms",
+                path.display(),
+                bytes.len() as f64 / 1e6,
+                copied.as_millis(),
+                (started.elapsed() - copied).as_millis()
+            );
+        }
         loaded.insert(
             hash,
             Loaded {
@@ -151,8 +167,9 @@ impl ShadowLibraries {
 
 /// Writes `bytes` to `copy` unless it already holds them: through a temporary file and a
 /// rename, so a copy is never seen half-written and a mapped copy is never written over.
-fn write_copy(copy: &Path, bytes: &[u8], hash: &str) -> std::io::Result<()> {
-    if std::fs::read(copy).is_ok_and(|present| content_hash(&present) == hash) {
+/// A present copy is compared byte for byte, not hashed again: one hash per library.
+fn write_copy(copy: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if std::fs::read(copy).is_ok_and(|present| present == bytes) {
         return Ok(());
     }
     let file_name = copy.file_name().unwrap_or_default().to_string_lossy();
@@ -271,18 +288,17 @@ mod tests {
     fn a_copy_is_written_whole_and_never_over_itself() {
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join("libhistory_plugin_x.so");
-        let hash = content_hash(b"content");
-        write_copy(&copy, b"content", &hash).unwrap();
+        write_copy(&copy, b"content").unwrap();
         assert_eq!(std::fs::read(&copy).unwrap(), b"content");
         let before = std::fs::metadata(&copy).unwrap().modified().unwrap();
-        write_copy(&copy, b"content", &hash).unwrap();
+        write_copy(&copy, b"content").unwrap();
         assert_eq!(
             std::fs::metadata(&copy).unwrap().modified().unwrap(),
             before,
             "a present copy with the right content is not written again"
         );
         std::fs::write(&copy, b"damaged").unwrap();
-        write_copy(&copy, b"content", &hash).unwrap();
+        write_copy(&copy, b"content").unwrap();
         assert_eq!(
             std::fs::read(&copy).unwrap(),
             b"content",

@@ -295,7 +295,12 @@ impl Chat {
             Err(e) => return self.say(&format!("error: {}", e.message)),
         };
         let history = command == Command::History;
+        let expand = matches!(command, Command::Expand(_));
         match self.service.command(&self.id, command).await {
+            Ok(result) if expand => {
+                let text = expanded_text(&result);
+                self.say(text.trim_end());
+            }
             Ok(result) if history => {
                 let lines = result["lines"].as_array().cloned().unwrap_or_default();
                 self.say(&format!("working history: {} messages", lines.len()));
@@ -313,6 +318,68 @@ impl Chat {
             Err(e) => self.say(&format!("error: {}", e.message)),
         }
     }
+}
+
+/// `!expand`'s answer as a person reads it: which message came back and why, then its
+/// restored text (and tool calls), indented. The JSON form is the HTTP API's
+/// (docs/http-api.md), not the terminal's.
+fn expanded_text(result: &serde_json::Value) -> String {
+    let message = &result["message"];
+    let meta = &message["metadata"];
+    let mut about = vec![message["role"].as_str().unwrap_or("?").to_string()];
+    if let Some(turn) = meta["turn_added"].as_u64() {
+        about.push(format!("turn {turn}"));
+    }
+    if let Some(id) = meta["id"].as_str() {
+        about.push(format!("id {}", history_engine::echo::bare(id)));
+    }
+    if let Some(call) = message["tool_call_id"].as_str() {
+        about.push(format!("result of {}", history_engine::echo::bare(call)));
+    }
+    let mut text = format!(
+        "message {} expanded ({}): {}\n",
+        result["index"],
+        about.join(", "),
+        history_engine::echo::line(result["event"]["reason"].as_str().unwrap_or("expanded"))
+    );
+    let mut body = match &message["content"] {
+        serde_json::Value::String(content) => content.clone(),
+        serde_json::Value::Array(parts) => parts
+            .iter()
+            .map(|part| match part["text"].as_str() {
+                Some(text) => text.to_string(),
+                None => format!("[{} part]", part["type"].as_str().unwrap_or("non-text")),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    };
+    for call in message["tool_calls"].as_array().into_iter().flatten() {
+        let function = &call["function"];
+        let arguments = match &function["arguments"] {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        body.push_str(&format!(
+            "\ncall {}({arguments})",
+            function["name"].as_str().unwrap_or("?")
+        ));
+    }
+    for line in body.trim_start_matches('\n').lines() {
+        // The conversation's own text, but no escape sequence reaches the terminal.
+        let line: String = line
+            .chars()
+            .map(|c| {
+                if c.is_control() && c != '\t' {
+                    '\u{fffd}'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        text.push_str(&format!("  {line}\n"));
+    }
+    text
 }
 
 fn message(value: serde_json::Value) -> RArc<Message> {

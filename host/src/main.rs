@@ -181,7 +181,7 @@ fn main() -> ExitCode {
             store,
             upstream,
         } => {
-            init_logging();
+            init_logging("info");
             let served = history_server::serve(history_server::ServeOptions {
                 config_file: config,
                 listen,
@@ -198,7 +198,7 @@ fn main() -> ExitCode {
             upstream,
             upstream_model,
         } => {
-            init_logging();
+            init_logging("warn");
             return finish(chat::chat(chat::ChatArgs {
                 config,
                 model,
@@ -213,7 +213,7 @@ fn main() -> ExitCode {
     let mut out = Output::take_stdout();
     // Armed before any plugin is loaded: its load-time code can exit too.
     let guard = ExitGuard::arm(PROGRAM);
-    init_logging();
+    init_logging("info");
     let result = catch_unwind(AssertUnwindSafe(|| match command {
         Command::Process {
             config,
@@ -271,16 +271,18 @@ fn usage(err: clap::Error) -> ExitCode {
     }
 }
 
-/// Logs to stderr, one compact line per event; `HISTORY_LOG` sets the filter
-/// (`tracing_subscriber::EnvFilter` syntax, default `info`: one summary line per run).
-fn init_logging() {
+/// Logs to stderr, one line per event, each starting with its UTC time (RFC 3339, to the
+/// microsecond); `HISTORY_LOG` sets the filter (`tracing_subscriber::EnvFilter` syntax),
+/// else `default`: `info` (one summary line per run or turn), `warn` for `chat`, whose
+/// terminal is the conversation (docs/cli.md#logging).
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HISTORY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
+        .with_timer(tracing_subscriber::fmt::time::SystemTime)
         .with_target(false)
         .try_init();
 }

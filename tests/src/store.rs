@@ -24,10 +24,16 @@ pub enum Kind {
 
 /// The PostgreSQL server the tests use (a URL whose database exists: new databases are
 /// created through it), or `None` after saying loudly that PostgreSQL tests are skipped.
+/// Under `CI` (set and neither empty, `0` nor `false`) an unset URL fails the test
+/// instead: a CI run that skipped PostgreSQL must not pass.
 pub fn postgres_url(test: &str) -> Option<String> {
     static WARNED: Once = Once::new();
     match std::env::var("HISTORY_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => Some(url),
+        _ if in_ci() => panic!(
+            "HISTORY_TEST_POSTGRES_URL is unset and CI is set: {test} cannot be skipped in CI \
+             (e.g. HISTORY_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test)"
+        ),
         _ => {
             // Straight to the process's stderr, not the test harness's captured output.
             WARNED.call_once(|| {
@@ -40,6 +46,11 @@ pub fn postgres_url(test: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// Whether this is a CI run: `CI` set, and neither empty, `0` nor `false`.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
 }
 
 /// A test's store: a SQLite file in the test's folder, or a fresh PostgreSQL database.
@@ -157,7 +168,8 @@ impl Drop for TestStore {
 }
 
 /// Instantiates each named test `fn NAME(kind: Kind)` once per store: `NAME::sqlite` and
-/// `NAME::postgres` (skipped, saying so, without `HISTORY_TEST_POSTGRES_URL`).
+/// `NAME::postgres` (skipped, saying so, without `HISTORY_TEST_POSTGRES_URL`; failed
+/// instead under `CI=true`).
 #[macro_export]
 macro_rules! store_tests {
     ($($name:ident),* $(,)?) => {

@@ -1,6 +1,7 @@
 //! The one build-and-install pipeline of `build`, `test` and `bench`: build the plugin
 //! crates (and the other packages a task needs) in a profile, then make the install
-//! folder hold exactly the plugin libraries this build produced.
+//! folder hold the plugin libraries this build produced, and none that an earlier build
+//! installed and this one did not.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -69,10 +70,17 @@ impl Install<'_> {
     }
 }
 
+/// The file of an install folder that lists the libraries xtask installed there, one file
+/// name a line: what a later install may remove. Hidden, so discovery never lists it.
+pub const MANIFEST: &str = ".xtask-installed";
+
 /// Makes `dir` hold the libraries of the plugins `names`, copied from `built`: first
-/// removes every other plugin library there (a renamed or deleted plugin crate's old
-/// library would otherwise still load, and two libraries exporting one name make every
-/// host command fail), then installs each with [`install_library`].
+/// removes the libraries an earlier install put there ([`MANIFEST`]) that this build did
+/// not produce (a renamed or deleted plugin crate's old library would otherwise still
+/// load, and two libraries exporting one name make every host command fail), then
+/// installs each with [`install_library`] and records them. A library xtask did not
+/// install — `agentctl install` puts out-of-tree plugins in the same `plugin_dir` — is
+/// never removed.
 pub fn install_plugins(built: &Path, names: &[&str], dir: &Path) -> Result<Vec<PathBuf>> {
     // Every library is there before anything in `dir` changes.
     let libraries: Vec<PathBuf> = names
@@ -83,7 +91,8 @@ pub fn install_plugins(built: &Path, names: &[&str], dir: &Path) -> Result<Vec<P
         return Err(format!("the build did not produce {}", missing.display()));
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for stale in stale_files(dir, names)? {
+    let earlier = read_manifest(dir)?;
+    for stale in stale_files(dir, names, &earlier)? {
         std::fs::remove_file(&stale).map_err(|e| format!("cannot remove {}: {e}", stale.display()))?;
         eprintln!("removed stale {}", stale.display());
     }
@@ -93,22 +102,55 @@ pub fn install_plugins(built: &Path, names: &[&str], dir: &Path) -> Result<Vec<P
         eprintln!("installed {}", destination.display());
         installed.push(destination);
     }
+    write_manifest(dir, names)?;
     Ok(installed)
 }
 
-/// The plugin libraries in `dir` that are not those of `names`, and the temporary files
-/// of interrupted installs.
-fn stale_files(dir: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+/// The library file names the last install recorded in `dir` (none when it has no
+/// manifest: a folder xtask never installed into, or one from before the manifest).
+fn read_manifest(dir: &Path) -> Result<HashSet<String>> {
+    let path = dir.join(MANIFEST);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|line| plugin_stem(Path::new(line)).is_some())
+            .map(str::to_string)
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Records the libraries of `names` as xtask's, through a temporary file and a rename.
+fn write_manifest(dir: &Path, names: &[&str]) -> Result<()> {
+    let mut files: Vec<String> = names.iter().map(|name| library_file_name(name)).collect();
+    files.sort();
+    let text: String = files.iter().map(|file| format!("{file}\n")).collect();
+    let path = dir.join(MANIFEST);
+    let temporary = dir.join(format!("{MANIFEST}.tmp"));
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, &path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The libraries in `dir` that an earlier install put there (`earlier`) and `names` no
+/// longer has, and the temporary files of xtask's interrupted installs.
+fn stale_files(dir: &Path, names: &[&str], earlier: &HashSet<String>) -> Result<Vec<PathBuf>> {
     let keep: HashSet<&str> = names.iter().copied().collect();
+    let ours =
+        |file: &str| earlier.contains(file) || plugin_stem(Path::new(file)).is_some_and(|n| keep.contains(n));
     let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
     let mut stale = Vec::new();
     for entry in entries {
         let path = entry
             .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
             .path();
+        let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default();
         let is_stale = match plugin_stem(&path) {
-            Some(name) => !keep.contains(name),
-            None => temporary_of(&path).is_some_and(|library| plugin_stem(Path::new(library)).is_some()),
+            Some(name) => earlier.contains(file) && !keep.contains(name),
+            None => temporary_of(&path)
+                .is_some_and(|library| plugin_stem(Path::new(library)).is_some() && ours(library)),
         };
         if is_stale {
             stale.push(path);
@@ -196,21 +238,37 @@ mod tests {
     }
 
     #[test]
-    fn installing_removes_the_plugin_libraries_this_build_did_not_produce() {
+    fn installing_removes_the_libraries_an_earlier_install_put_there_and_no_other() {
         let temp = tempfile::tempdir().unwrap();
         let built = temp.path().join("debug");
         let dir = temp.path().join("plugins");
         std::fs::create_dir_all(&built).unwrap();
         std::fs::create_dir_all(&dir).unwrap();
+        for name in ["default", "old_name"] {
+            touch(
+                &built.join(library_file_name(name)),
+                &format!("first build {name}"),
+            );
+        }
+        install_plugins(&built, &["default", "old_name"], &dir).unwrap();
+        // Since then: `agentctl install` put an out-of-tree plugin beside them, the crate
+        // old_name was renamed new_name, a copy of default was interrupted, one of the
+        // out-of-tree plugin too.
+        let outside = library_file_name("out_of_tree");
+        touch(&dir.join(&outside), "installed by agentctl");
+        touch(
+            &dir.join(format!(".{outside}.installing")),
+            "agentctl's, half copied",
+        );
+        let old = library_file_name("old_name");
+        touch(
+            &dir.join(format!(".{}.installing", library_file_name("default"))),
+            "half copied",
+        );
+        std::fs::remove_file(built.join(&old)).unwrap();
         for name in ["default", "new_name"] {
             touch(&built.join(library_file_name(name)), &format!("built {name}"));
         }
-        // What an earlier build left: the library of a crate since renamed (it exports the
-        // same plugin name as new_name's), an old copy of default, an interrupted copy.
-        let old = library_file_name("old_name");
-        touch(&dir.join(&old), "stale");
-        touch(&dir.join(library_file_name("default")), "old default");
-        touch(&dir.join(format!(".{old}.installing")), "half copied");
         // Files that are not plugin libraries are not this pipeline's to remove.
         touch(&dir.join("README"), "");
         touch(&dir.join(format!("{old}.bak")), "");
@@ -226,13 +284,21 @@ mod tests {
         );
         assert!(!dir.join(&old).exists(), "the stale library is removed");
         let mut expected = vec![
+            MANIFEST.to_string(),
             library_file_name("default"),
             library_file_name("new_name"),
+            outside.clone(),
+            format!(".{outside}.installing"),
             "README".to_string(),
             format!("{old}.bak"),
         ];
         expected.sort();
         assert_eq!(files(&dir), expected);
+        assert_eq!(
+            std::fs::read_to_string(dir.join(&outside)).unwrap(),
+            "installed by agentctl",
+            "what xtask did not install is kept"
+        );
         for name in ["default", "new_name"] {
             let text = std::fs::read_to_string(dir.join(library_file_name(name))).unwrap();
             assert_eq!(
@@ -241,6 +307,34 @@ mod tests {
                 "the installed library is this build's"
             );
         }
+        assert_eq!(
+            std::fs::read_to_string(dir.join(MANIFEST)).unwrap(),
+            format!(
+                "{}\n{}\n",
+                library_file_name("default"),
+                library_file_name("new_name")
+            )
+        );
+    }
+
+    #[test]
+    fn a_folder_without_a_manifest_loses_nothing() {
+        let temp = tempfile::tempdir().unwrap();
+        let built = temp.path().join("debug");
+        let dir = temp.path().join("plugins");
+        std::fs::create_dir_all(&built).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        touch(&built.join(library_file_name("default")), "built");
+        touch(&dir.join(library_file_name("mine")), "put here by hand");
+        install_plugins(&built, &["default"], &dir).unwrap();
+        assert_eq!(
+            files(&dir),
+            [
+                MANIFEST.to_string(),
+                library_file_name("default"),
+                library_file_name("mine")
+            ]
+        );
     }
 
     #[test]
@@ -251,7 +345,7 @@ mod tests {
         touch(&built.join(library_file_name("floor")), "floor");
         let dir = temp.path().join("target/bench-plugins");
         install_plugins(&built, &["floor"], &dir).unwrap();
-        assert_eq!(files(&dir), [library_file_name("floor")]);
+        assert_eq!(files(&dir), [MANIFEST.to_string(), library_file_name("floor")]);
     }
 
     #[test]

@@ -118,7 +118,8 @@ usage: cargo xtask <task>
                               run the fuzz targets (fuzz/) on their corpus, then on
                               mutations of it for S seconds in all (default 60)
   help, -h, --help            print this
-Installing removes every other plugin library from the install folder.
+Installing removes the plugin libraries an earlier install put in the folder that this
+build no longer produces (listed in its .xtask-installed); others (agentctl install) stay.
 ";
 
 /// The benchmark's package and its pass-through fixture plugin (installed only into

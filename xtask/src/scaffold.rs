@@ -125,6 +125,13 @@ const LIB_TEMPLATE: &str = r##"//! The `__NAME__` history plugin.
 //! its size; replace `process` with your strategy. The rules every plugin follows are in
 //! the `plugin-api` crate docs: never mutate the input, share what you pass through
 //! (clone the `RArc`), keep whole tool-call units, report what you did as events.
+//!
+//! A plugin that guards what leaves (a redactor, a filter of secrets) must not fail open:
+//! under the default `on_plugin_error = "skip"` a plugin's fault passes its input on
+//! unchanged, with one warning. Mark such a plugin required (`agentctl history-require
+//! __NAME__`, or `required = ["__NAME__"]` in `[history]`) and its fault fails the turn
+//! instead; `agentctl check` warns about a plugin that rewrites messages
+//! (`message-changed` events) and is not required.
 
 use plugin_api::{ConfigError, ConfigTable, Context, HistoryPlugin, LoadContext, Message, Output, RArc};
 
@@ -234,6 +241,13 @@ mod tests {
         let source = std::fs::read_to_string(crate_dir.join("src/lib.rs")).unwrap();
         assert!(source.contains("pub struct Probe {"));
         assert!(source.contains("const NAME: &'static str = \"probe\";"));
+        // A safety plugin must not fail open: the scaffold says how to make it required.
+        assert!(
+            source.contains(
+                "`agentctl history-require\n//! probe`, or `required = [\"probe\"]` in `[history]`"
+            ),
+            "{source}"
+        );
     }
 
     #[test]

@@ -72,7 +72,30 @@ pub enum Edit {
     Unisolate { name: String },
 }
 
+/// Plugins that belong in the view, not the chain, and why: in the chain what they drop
+/// leaves the working history for good (docs/plugins.md#relevance).
+const VIEW_PLUGINS: &[(&str, &str)] = &[(
+    "relevance",
+    "in the chain, the old exchanges it drops leave the working history for good, and a later \
+     question cannot bring them back; in the view it picks from the whole working history each turn",
+)];
+
 impl Edit {
+    /// Advice about an edit that is allowed but probably not meant: adding a plugin that
+    /// belongs in the view to the chain. Shown beside the edit's summary, never a refusal.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Edit::ChainAdd {
+                name, view: false, ..
+            } => VIEW_PLUGINS.iter().find(|(n, _)| n == name).map(|(_, why)| {
+                format!(
+                    "{why}: `agentctl history-chain-remove {name}` then `agentctl history-chain-add {name} --view`"
+                )
+            }),
+            _ => None,
+        }
+    }
+
     /// The plugin whose own table the edit changes, if any.
     fn plugin_table(&self) -> Option<&str> {
         match self {

@@ -191,8 +191,10 @@ impl Encoder {
         });
     }
 
+    /// An event, its kind by name: a kind either side does not know still decodes
+    /// ([`Decoder::event`]), so a new kind needs no change here.
     pub(crate) fn event(&mut self, event: &Event) {
-        self.u8(event.kind as u8);
+        self.str(event.kind.as_str());
         self.u64(event.turn);
         self.opt_u64(&event.index);
         self.opt_str(&event.id);
@@ -436,26 +438,29 @@ impl<'a> Decoder<'a> {
         })
     }
 
+    /// An event as [`Encoder::event`] wrote it. A kind this side does not know (a worker
+    /// of a newer build) is passed on as a `warning` that names it, never a broken frame:
+    /// what the plugin reported still reaches the run's events and logs.
     pub(crate) fn event(&mut self) -> Decoded<Event> {
-        let kind = match self.u8()? {
-            0 => EventKind::MessageExpired,
-            1 => EventKind::MessageCompacted,
-            2 => EventKind::MessageRemoved,
-            3 => EventKind::MessageOmitted,
-            4 => EventKind::MessageMerged,
-            5 => EventKind::MessageExpanded,
-            6 => EventKind::OverBudget,
-            7 => EventKind::Warning,
-            _ => return malformed("an unknown event kind"),
-        };
-        Ok(Event {
-            kind,
+        let name = self.str()?;
+        let known = EventKind::ALL.iter().copied().find(|kind| kind.as_str() == name);
+        let mut event = Event {
+            kind: known.unwrap_or(EventKind::Warning),
             turn: self.u64()?,
             index: self.opt_u64()?,
             id: self.opt_str()?,
             reason: self.string()?,
             tokens_saved: self.opt(|d| d.i64())?,
-        })
+        };
+        if known.is_none() {
+            event.reason = format!(
+                "an event of a kind this host does not know ({}): {}",
+                plugin_api::echo::bare(name),
+                event.reason
+            )
+            .into();
+        }
+        Ok(event)
     }
 }
 
@@ -523,6 +528,48 @@ mod tests {
         let mut huge = vec![2u8, 1];
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(Decoder::new(&huge).message().is_err());
+    }
+
+    #[test]
+    fn every_event_kind_round_trips() {
+        for (i, kind) in EventKind::ALL.iter().enumerate() {
+            let mut event = Event::new(*kind, 9, format!("reason {i}"));
+            if i % 2 == 0 {
+                event = event.saving(i as i64 - 3);
+                event.index = ROption::RSome(i as u64);
+                event.id = ROption::RSome(format!("m{i}").into());
+            }
+            let mut encoder = Encoder::default();
+            encoder.event(&event);
+            let mut decoder = Decoder::new(&encoder.bytes);
+            assert_eq!(decoder.event().unwrap(), event, "{}", kind.as_str());
+            decoder.finish().unwrap();
+        }
+    }
+
+    #[test]
+    fn an_event_of_an_unknown_kind_is_passed_on_as_a_warning_naming_it() {
+        // What a newer build's worker would send: a kind by a name this build lacks.
+        let mut encoder = Encoder::default();
+        encoder.str("message-translated");
+        encoder.u64(4);
+        encoder.u8(1);
+        encoder.u64(2);
+        encoder.opt_str(&ROption::RSome("m7".into()));
+        encoder.str("into French");
+        encoder.u8(0);
+        let mut decoder = Decoder::new(&encoder.bytes);
+        let event = decoder.event().unwrap();
+        decoder.finish().unwrap();
+        assert_eq!(event.kind, EventKind::Warning);
+        assert_eq!(
+            event.reason.as_str(),
+            "an event of a kind this host does not know (message-translated): into French"
+        );
+        assert_eq!(
+            (event.turn, event.index, event.id),
+            (4, ROption::RSome(2), ROption::RSome("m7".into()))
+        );
     }
 
     #[test]

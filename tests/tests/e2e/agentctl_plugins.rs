@@ -338,3 +338,84 @@ fn plugins_tells_a_library_that_does_not_load_from_a_refused_table() {
         (false.into(), serde_json::Value::Null)
     );
 }
+
+/// `plugin-keys NAME` lists the keys a plugin accepts, as its `describe` gives them (so
+/// `history-list` and `plugins --json` need not be read for them); a plugin's refusal of
+/// an unknown key names the keys it accepts, in `plugin-set` and at load.
+#[test]
+fn plugin_keys_lists_a_plugins_keys_and_an_unknown_key_is_told_with_them() {
+    let plugins = plugin_dir_with(&[&fixture_library("redactor")]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"redactor\"]\n",
+        plugins.path().display().to_string()
+    ));
+    let output = agentctl(&config.path, &["plugin-keys", "redactor"], &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("redactor 0.1.0 (") && lines[0].ends_with(") accepts, in [plugin.redactor]:"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1..],
+        [
+            "  fail         fail every call",
+            "  replacement  what a secret becomes (default \"[redacted]\", never empty)",
+            "  also         more secrets to redact (none empty)",
+        ],
+        "{text}"
+    );
+    let output = agentctl(&config.path, &["--json", "plugin-keys", "redactor"], &[]);
+    let value = json(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(
+        value["config_keys"][0],
+        json(r#"{"name": "fail", "meaning": "fail every call"}"#)
+    );
+    let listed = agentctl(&config.path, &["--json", "plugins"], &[]);
+    let listed = json(&String::from_utf8_lossy(&listed.stdout));
+    let redactor = listed["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "redactor")
+        .unwrap();
+    assert_eq!(
+        redactor["config_keys"], value["config_keys"],
+        "plugins --json shows them too"
+    );
+
+    let output = agentctl(&config.path, &["plugin-keys", "redactr"], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("agentctl: plugin \"redactr\" is not available in ")
+            && stderr.contains("(available: default, redactor)"),
+        "{stderr}"
+    );
+
+    // The refusal of an unknown key lists the known ones: in an edit, and at load.
+    let known = "[plugin.redactor] replacment: unknown key (known: fail, replacement, also)";
+    let output = agentctl(&config.path, &["plugin-set", "redactor", "replacment", "x"], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(known),
+        "{}",
+        describe(&output)
+    );
+    std::fs::write(
+        &config.path,
+        format!(
+            "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"redactor\"]\n[plugin.redactor]\nreplacment = \"x\"\n",
+            plugins.path().display().to_string()
+        ),
+    )
+    .unwrap();
+    let output = config.process(&[], r#"[{"role":"user","content":"hi"}]"#);
+    assert_eq!(output.status.code(), Some(3), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(&format!(":5: {known}")),
+        "{}",
+        describe(&output)
+    );
+}

@@ -55,7 +55,9 @@ fn a_plugin_validates_its_own_table_naming_key_and_line() {
         "[history]\nchain = [\"default\"]\n\n[plugin.default]\npin_system = true\ntarget_mesages = 3\n",
     );
     assert!(
-        line.contains(":7: [plugin.default] target_mesages: unknown key"),
+        line.contains(
+            ":7: [plugin.default] target_mesages: unknown key (known: pin_system, pin_first_user, target_messages)"
+        ),
         "{line}"
     );
     let line = refused("[plugin.default]\npin_system = \"yes\"\n");

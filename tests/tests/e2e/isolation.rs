@@ -370,3 +370,85 @@ fn isolate_must_name_a_plugin_that_runs_and_agentctl_shows_it() {
     assert!(output.status.success(), "{}", describe(&output));
     assert!(!std::fs::read_to_string(&edited.path).unwrap().contains("isolate"));
 }
+
+/// `text` with the faulter's pid tag blanked: the one thing an isolated run differs in.
+fn without_pid(text: &str) -> String {
+    match text.find("[faulter pid ") {
+        Some(at) => {
+            let rest = &text[at + 13..];
+            let end = rest.find(' ').unwrap_or(rest.len());
+            format!("{}[faulter pid P{}", &text[..at], &rest[end..])
+        }
+        None => text.to_string(),
+    }
+}
+
+/// Every event kind crosses the worker's pipe as it is (docs/chain.md#isolation): the
+/// fixture's one event of each kind there is (`EventKind::ALL`, so a kind added later is
+/// tested as soon as it exists), the redactor's `message-changed` and the shipped
+/// `summarize`'s `message-summarized`, each plugin isolated, give the events and the bytes
+/// they give in-process — under `on_plugin_error = "fail"`, where a frame the host could not
+/// read would fail the turn.
+#[test]
+fn every_event_kind_crosses_the_workers_pipe_as_in_process() {
+    with_workers();
+    let dir = plugin_dir_with_installed(&[&fixture_library("faulter"), &fixture_library("redactor")]);
+    let body = |isolate: &str| {
+        format!(
+            "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"redactor\", \"summarize\", \"faulter\"]\n\
+             agent_max_ctx = 100000\non_plugin_error = \"fail\"\n{isolate}\n\
+             [models.c4]\ntokenizer = \"chars4\"\nmax_context = 100000\n\
+             [plugin.summarize]\ntrigger_tokens = 12000\nkeep_tokens = 6000\ntarget_chars = 2000\n\
+             [plugin.faulter]\nevents = true\n",
+            dir.path().display().to_string()
+        )
+    };
+    let in_process = TestConfig::new(&body(""));
+    let isolated = TestConfig::new(&body("isolate = [\"redactor\", \"summarize\", \"faulter\"]"));
+    // A long generated conversation (summarize summarizes) whose newest turn has a secret;
+    // each message with an id, so a summary names the same messages in both runs.
+    let mut messages = history_bench::generate(300, 11);
+    messages.push(j!({"role": "user", "content": "The deploy key is SECRET; use it."}));
+    for (i, message) in messages.iter_mut().enumerate() {
+        message["metadata"] = j!({"id": format!("g{i}")});
+    }
+    let text = serde_json::Value::Array(messages).to_string();
+    crate::common::on_big_stack(|| {
+        let a = in_process.run("c4", &text, None).unwrap();
+        let b = isolated.run("c4", &text, None).unwrap();
+        let bytes = |h: &[plugin_api::RArc<plugin_api::Message>]| {
+            without_pid(&plugin_api::wire::history_to_string(h))
+        };
+        assert_eq!(bytes(&b.history), bytes(&a.history));
+        assert!(!bytes(&b.history).contains("SECRET"), "redacted in the worker");
+        for (x, y) in a.stages.iter().zip(&b.stages) {
+            assert_eq!(y.skipped, None, "{}", y.plugin);
+            assert_eq!(y.events, x.events, "{}: the same events", y.plugin);
+        }
+        let kinds = |plugin: &str| -> Vec<&str> {
+            let stage = b.stages.iter().find(|s| s.plugin == plugin).unwrap();
+            stage.events.iter().map(|e| e.kind.as_str()).collect()
+        };
+        assert_eq!(kinds("redactor"), ["message-changed"]);
+        let summarized = kinds("summarize");
+        assert!(
+            summarized.len() > 10 && summarized.iter().all(|k| *k == "message-summarized"),
+            "{summarized:?}"
+        );
+        let every: Vec<&str> = plugin_api::EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(kinds("faulter"), every);
+    });
+    // Through the binary: the turn succeeds with every plugin isolated, the same output.
+    let a = in_process.process(&["--model", "c4"], &text);
+    let b = isolated.process(&["--model", "c4", "--explain"], &text);
+    assert!(b.status.success(), "{}", describe(&b));
+    assert_eq!(
+        without_pid(&String::from_utf8_lossy(&b.stdout)),
+        without_pid(&String::from_utf8_lossy(&a.stdout))
+    );
+    let stderr = String::from_utf8_lossy(&b.stderr);
+    assert!(
+        !stderr.contains("broken frame") && !stderr.contains("skipped"),
+        "{stderr}"
+    );
+}

@@ -201,3 +201,34 @@ fn properties_on_generated_histories() {
 fn same(a: &RArc<Message>, b: &RArc<Message>) -> bool {
     std::ptr::eq(&**a, &**b)
 }
+
+/// In the chain, what `relevance` drops leaves the working history for good: `agentctl
+/// history-chain-add relevance` makes the edit and says, on stderr, to use `--view`; in
+/// the view it says nothing.
+#[test]
+fn agentctl_suggests_the_view_for_relevance() {
+    let config = TestConfig::new("[history]\nchain = [\"default\"]\n");
+    let output = e2e_tests::agentctl(&config.path, &["history-chain-add", "relevance"], &[]);
+    assert!(output.status.success(), "{}", e2e_tests::describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "agentctl: hint: in the chain, the old exchanges it drops leave the working history for good"
+        ) && stderr.contains("`agentctl history-chain-add relevance --view`"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&config.path).unwrap();
+    assert!(text.contains("chain = [\"default\", \"relevance\"]"), "{text}");
+    // As JSON, the hint is a member of the report.
+    let again = TestConfig::new("[history]\nchain = [\"default\"]\n");
+    let output = e2e_tests::agentctl(&again.path, &["--json", "history-chain-add", "relevance"], &[]);
+    let report = json(&String::from_utf8_lossy(&output.stdout));
+    assert!(report["hint"].as_str().unwrap().contains("--view"), "{report}");
+
+    let view = TestConfig::new("[history]\nchain = [\"default\"]\n");
+    let output = e2e_tests::agentctl(&view.path, &["history-chain-add", "relevance", "--view"], &[]);
+    assert!(output.status.success(), "{}", e2e_tests::describe(&output));
+    assert!(output.stderr.is_empty(), "{}", e2e_tests::describe(&output));
+    let text = std::fs::read_to_string(&view.path).unwrap();
+    assert!(text.contains("view = [\"relevance\"]"), "{text}");
+}

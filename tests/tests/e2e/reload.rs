@@ -482,3 +482,78 @@ fn a_file_still_being_written_is_not_refused_and_reloads_once_whole() {
     assert_eq!(server.get("/healthz").status, 200);
     assert!(server.stop().success());
 }
+
+/// Whether `line` starts with an RFC 3339 UTC time to the microsecond and two spaces.
+fn timestamped(line: &str) -> bool {
+    let bytes = line.as_bytes();
+    bytes.len() > 29
+        && line[..27].chars().enumerate().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            10 => c == 'T',
+            13 | 16 => c == ':',
+            19 => c == '.',
+            26 => c == 'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+/// Every log line of `serve` starts with its time, and what a reload's check on the sample
+/// history logs says so (`sample_run{model=…}:`), while a real turn's lines do not.
+#[test]
+fn logs_are_timestamped_and_a_reloads_sample_run_is_told_from_a_turn() {
+    let config = e2e_tests::server::shipped_config("", &[]);
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    let id = server.create("gpt-4o");
+    let turn = |text: &str| {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &j!({"messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": format!("c-{text}"), "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": format!("c-{text}"), "content": "fn main() {}"}
+            ]}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+    };
+    turn("first");
+    let text = std::fs::read_to_string(&config.path).unwrap();
+    std::fs::write(
+        &config.path,
+        text.replace("agent_max_ctx = 200", "agent_max_ctx = 150"),
+    )
+    .unwrap();
+    wait_until("the reload", || server.stderr().contains("chain reloaded"));
+    turn("second");
+    wait_until("the second turn's lines", || {
+        let stderr = server.stderr();
+        stderr.matches("INFO tool results: ").count() >= 2
+    });
+    let stderr = server.stderr();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() > 5, "{stderr}");
+    for line in &lines {
+        assert!(timestamped(line), "not timestamped: {line:?}");
+    }
+    // tool_result_filter logs one line per call: on the sample once per model, labelled.
+    let plugin_lines: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("plugin=tool_result_filter"))
+        .collect();
+    let sample: Vec<&&&str> = plugin_lines
+        .iter()
+        .filter(|l| l.contains(" sample_run{model="))
+        .collect();
+    assert!(sample.len() >= 4, "every model's sample run: {stderr}");
+    assert!(
+        sample
+            .iter()
+            .any(|l| l.contains("sample_run{model=local-8k}: tool results:")),
+        "{stderr}"
+    );
+    assert_eq!(
+        plugin_lines.len() - sample.len(),
+        2,
+        "the two turns' lines, not labelled: {stderr}"
+    );
+    assert!(server.stop().success());
+}

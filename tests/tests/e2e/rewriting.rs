@@ -66,3 +66,61 @@ fn a_history_without_secrets_is_passed_through_without_events() {
     assert!(run.stages[1].events.is_empty());
     assert_eq!(e2e_tests::run_json(&run), json(&clean));
 }
+
+/// A rewriting plugin fails open unless it is required: `agentctl check` sees the
+/// redactor rewrite the sample history (`message-changed`) and warns while it is not in
+/// `[history] required` under `on_plugin_error = "skip"` — not once it is required, nor
+/// under `"fail"`.
+#[test]
+fn check_warns_about_a_rewriting_plugin_that_is_not_required() {
+    let dir = plugin_dir_with(&[&fixture_library("redactor")]);
+    let config = |history: &str| {
+        TestConfig::new(&format!(
+            "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"redactor\"]\n{history}\n",
+            dir.path().display().to_string()
+        ))
+    };
+    let warning = "warning: plugin \"redactor\" rewrites messages (message-changed on the sample history) but is not required";
+    let open = config("on_plugin_error = \"skip\"");
+    let output = e2e_tests::agentctl(&open.path, &["check"], &[]);
+    assert!(
+        output.status.success(),
+        "a warning, not a problem: {}",
+        describe(&output)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains(warning) && text.contains("`agentctl history-require redactor`"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("warning: plugin \"redactor\"").count(),
+        1,
+        "once: {text}"
+    );
+    let output = e2e_tests::agentctl(&open.path, &["check", "--json"], &[]);
+    let report = json(&String::from_utf8_lossy(&output.stdout));
+    assert!(
+        report["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("is not required"),
+        "{report}"
+    );
+    assert!(
+        report["runs"][0]["stages"][1]["changed"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+
+    for settled in [
+        "on_plugin_error = \"skip\"\nrequired = [\"redactor\"]",
+        "on_plugin_error = \"fail\"",
+    ] {
+        let output = e2e_tests::agentctl(&config(settled).path, &["check"], &[]);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && !text.contains("warning:"),
+            "{settled}: {text}"
+        );
+    }
+}

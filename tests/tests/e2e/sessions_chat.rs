@@ -65,10 +65,18 @@ fn chat_runs_turns_and_commands_and_resumes_a_stored_session() {
         &format!("!expand {index}\n/history\n/clear\n/history\nlast question\n"),
     );
     assert!(out.starts_with(&format!("session {id} (model local-8k")), "{out}");
+    // Told as text, the restored content below its header, not as JSON.
+    let header = format!("message {index} expanded (tool, turn ");
+    let at = out.find(&header).unwrap_or_else(|| panic!("{out}"));
+    let expanded: Vec<&str> = out[at..].lines().take(2).collect();
     assert!(
-        out.contains("turn 6") && out.contains("\"expanded\":true"),
+        expanded[0].contains(", result of chat_call_")
+            && expanded[0].contains("): restored the original content (")
+            && expanded[1].starts_with("  contents of file ")
+            && expanded[1].ends_with("data data"),
         "{out}"
     );
+    assert!(!out.contains("\"expanded\":true"), "{out}");
     assert!(out.contains("[expanded]"), "{out}");
     // /clear keeps the pinned task, so the last turn is sent with it (merged with the
     // new question by role_pair, as two adjacent user messages are).
@@ -253,5 +261,49 @@ fn a_session_id_starting_with_a_dash_is_taken_as_the_id() {
         stderr.contains("no session \"-5AbC_unknown\""),
         "{}",
         describe(&output)
+    );
+}
+
+/// `chat`'s terminal is the conversation: by default it logs warnings and errors only, so
+/// no INFO line lands among the turns; `HISTORY_LOG` still asks for more, each line
+/// timestamped.
+#[test]
+fn chat_keeps_info_lines_out_of_the_conversation() {
+    let config = shipped_config("", &[("max_context = 16", "max_context = 100")]);
+    let input = "Fix the parser bug.\n:tool read_file fn main() {}\nand now?\n";
+    let run = |log: Option<&str>| {
+        let mut command = std::process::Command::new(host_bin());
+        command
+            .args(["chat", "--model", "local-8k", "--config"])
+            .arg(&config.path)
+            .arg("--store")
+            .arg(config.dir.path().join("sessions.db"));
+        match log {
+            Some(filter) => command.env("HISTORY_LOG", filter),
+            None => command.env_remove("HISTORY_LOG"),
+        };
+        let output = run_with_stdin(command, input);
+        assert!(output.status.success(), "{}", describe(&output));
+        output
+    };
+    let quiet = run(None);
+    assert!(
+        String::from_utf8_lossy(&quiet.stdout).contains("turn 2: sent history"),
+        "{}",
+        describe(&quiet)
+    );
+    assert!(quiet.stderr.is_empty(), "{}", describe(&quiet));
+    let asked = run(Some("info"));
+    let stderr = String::from_utf8_lossy(&asked.stderr);
+    let info: Vec<&str> = stderr.lines().filter(|l| l.contains(" INFO ")).collect();
+    assert!(
+        info.iter().any(|l| l.contains("plugin=tool_result_filter")),
+        "{stderr}"
+    );
+    // `2026-11-28T22:14:59.703296Z  INFO …`
+    assert!(
+        info.iter()
+            .all(|l| l.len() > 30 && &l[4..5] == "-" && &l[10..11] == "T" && &l[26..29] == "Z  "),
+        "{stderr}"
     );
 }

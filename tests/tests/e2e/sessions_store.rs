@@ -497,3 +497,47 @@ fn unstamped(history: &Value) -> Value {
     }
     history
 }
+
+/// A PostgreSQL test without `HISTORY_TEST_POSTGRES_URL` says it was skipped — and under
+/// `CI=true` fails, so a CI run that skipped PostgreSQL cannot pass. The test binary itself,
+/// run on one such test with the variable removed.
+#[test]
+fn a_skipped_postgres_test_fails_a_ci_run() {
+    let test = "sessions_commands::unknown_and_malformed_commands_are_400s_naming_them::postgres";
+    let run = |ci: Option<&str>| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args([test, "--exact", "--test-threads=1"])
+            .env_remove("HISTORY_TEST_POSTGRES_URL");
+        match ci {
+            Some(value) => command.env("CI", value),
+            None => command.env_remove("CI"),
+        };
+        command.output().unwrap()
+    };
+    for ci in [None, Some("false")] {
+        let skipped = run(ci);
+        let stderr = String::from_utf8_lossy(&skipped.stderr);
+        assert!(
+            skipped.status.success(),
+            "CI={ci:?}: {}",
+            e2e_tests::describe(&skipped)
+        );
+        assert!(
+            stderr.contains(&format!("SKIPPED (no PostgreSQL): e2e::{test}")),
+            "CI={ci:?}: {stderr}"
+        );
+    }
+    let failed = run(Some("true"));
+    assert_eq!(
+        failed.status.code(),
+        Some(101),
+        "{}",
+        e2e_tests::describe(&failed)
+    );
+    let stdout = String::from_utf8_lossy(&failed.stdout);
+    assert!(
+        stdout.contains("HISTORY_TEST_POSTGRES_URL is unset and CI is set") && stdout.contains("1 failed"),
+        "{stdout}"
+    );
+}
