@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use history_engine::{check_elf_library, library_file_name, plugin_stem, Config, Prober};
 
-use crate::edit::Refused;
-use crate::write::{remove_stale_temporaries, EditLock};
+use history_engine::config::edit::Refused;
+use history_engine::config::write::{remove_stale_temporaries, EditLock};
 
 /// What [`install`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,9 +14,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use agentctl::edit::{self, Edit};
-use agentctl::report;
+mod install;
+mod report;
+
 use clap::{Parser, Subcommand};
+use history_engine::config::edit::Edit;
+use history_engine::edit;
 use history_engine::output::{error_line, ExitGuard, Output, USAGE_STATUS, WRITE_FAILED_STATUS};
 use history_engine::{echo, logging, probe, selfcheck, Config, Prober};
 
@@ -373,7 +376,7 @@ fn install(
     json: bool,
     guard: &ExitGuard,
 ) -> Result<bool, Failure> {
-    let installed = agentctl::install::install(file, library, force, &prober()?, &|| fault_hook(guard))
+    let installed = install::install(file, library, force, &prober()?, &|| fault_hook(guard))
         .map_err(|refusal| refused(refusal.0))?;
     if json {
         print_json(

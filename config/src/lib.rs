@@ -8,7 +8,9 @@ use plugin_api::naming::is_plugin_name;
 use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
+pub mod edit;
 mod summarizer;
+pub mod write;
 pub use summarizer::{SummarizerConfig, DEFAULT_SUMMARIZER_MAX_CHARS_IN, DEFAULT_SUMMARIZER_TIMEOUT_MS};
 
 /// Where the chain's plugins live when the file does not say.

@@ -38,6 +38,7 @@ pub mod compat;
 pub use history_config as config;
 mod deadline;
 pub mod document;
+pub mod edit;
 mod elf;
 pub mod expand;
 pub mod isolate;

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use agentctl::edit::{apply, Edit};
+use history_engine::config::edit::{apply, Edit};
 use history_engine::Config;
 
 use crate::gen::{self, Choices, Generated};

@@ -283,6 +283,168 @@ mod tests {
         assert!(missing.is_empty(), "crates without a row: {missing:?}");
     }
 
+    /// The map's rules on dependencies (ARCHITECTURE.md, "Invariants at the crate
+    /// boundaries"), over each workspace crate's normal dependencies, transitively.
+    struct Rule {
+        /// Crates (of anyone's) that only `allowed` may reach.
+        forbidden: &'static [&'static str],
+        allowed: &'static [&'static str],
+        why: &'static str,
+    }
+
+    /// Binaries, and the harnesses that run them (tests, bench, fuzz).
+    const BINARIES: &[&str] = &[
+        "history-host",
+        "agentctl",
+        "xtask",
+        "history-bench",
+        "e2e-tests",
+        "history-fuzz",
+    ];
+
+    const RULES: &[Rule] = &[
+        Rule {
+            forbidden: &["axum", "tower-http"],
+            allowed: &["history-server"],
+            why: "only `server` knows HTTP-server crates",
+        },
+        Rule {
+            forbidden: &["clap", "tracing-subscriber", "agentctl"],
+            allowed: &[],
+            why: "only binaries parse command lines and set up logging",
+        },
+        Rule {
+            forbidden: &[
+                "rusqlite",
+                "postgres",
+                "tokio-postgres",
+                "r2d2",
+                "r2d2_postgres",
+                "deadpool-postgres",
+                "bb8",
+                "sqlx",
+            ],
+            allowed: &["history-sessions", "history-server"],
+            why: "nothing below `sessions` knows a database client",
+        },
+    ];
+
+    /// Every rule broken by `graph` (crate → its normal dependencies) for `members`.
+    pub(super) fn dependency_violations(
+        graph: &HashMap<String, Vec<String>>,
+        members: &[String],
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        for member in members {
+            if BINARIES.contains(&member.as_str()) {
+                continue;
+            }
+            // Everything `member` reaches, with the path that reaches it.
+            let mut reached: HashMap<&str, Vec<&str>> = HashMap::new();
+            let mut stack = vec![(member.as_str(), vec![member.as_str()])];
+            while let Some((name, path)) = stack.pop() {
+                for dep in graph.get(name).into_iter().flatten() {
+                    if !reached.contains_key(dep.as_str()) {
+                        let mut next = path.clone();
+                        next.push(dep);
+                        reached.insert(dep, next.clone());
+                        stack.push((dep, next));
+                    }
+                }
+            }
+            for rule in RULES {
+                if rule.allowed.contains(&member.as_str()) {
+                    continue;
+                }
+                for forbidden in rule.forbidden {
+                    if let Some(path) = reached.get(forbidden) {
+                        out.push(format!("{} ({}): {}", path.join(" -> "), rule.why, member));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The workspace's dependency graph from `cargo metadata`: normal dependencies only.
+    fn workspace_graph(root: &Path) -> (HashMap<String, Vec<String>>, Vec<String>) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let output = std::process::Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--offline"])
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let name_of: HashMap<&str, &str> = metadata["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+            .collect();
+        let members = metadata["workspace_members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| name_of[id.as_str().unwrap()].to_string())
+            .collect();
+        let mut graph = HashMap::new();
+        for node in metadata["resolve"]["nodes"].as_array().unwrap() {
+            let deps = node["deps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|k| k["kind"].is_null())
+                })
+                .map(|d| name_of[d["pkg"].as_str().unwrap()].to_string())
+                .collect();
+            graph.insert(name_of[node["id"].as_str().unwrap()].to_string(), deps);
+        }
+        (graph, members)
+    }
+
+    #[test]
+    fn no_crate_depends_on_what_the_map_forbids_it() {
+        let (graph, members) = workspace_graph(&root());
+        let broken = dependency_violations(&graph, &members);
+        assert!(
+            broken.is_empty(),
+            "dependencies the map forbids:\n{}",
+            broken.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_forbidden_edge_is_found_with_the_path_that_reaches_it() {
+        let graph: HashMap<String, Vec<String>> = [
+            ("history-engine", vec!["plugin-api", "helper"]),
+            ("helper", vec!["axum"]),
+            ("history-server", vec!["history-engine", "axum"]),
+            ("history-host", vec!["clap"]),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
+        .collect();
+        let members: Vec<String> = ["history-engine", "history-server", "history-host"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(
+            dependency_violations(&graph, &members),
+            ["history-engine -> helper -> axum (only `server` knows HTTP-server crates): history-engine"]
+        );
+    }
+
     #[test]
     fn anchors_and_links_are_read_as_github_reads_them() {
         assert_eq!(

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use agentctl::edit::Edit;
+use history_engine::config::edit::{Edit, Refused};
 use history_engine::reload::config_hash;
 use history_engine::Config;
 use serde_json::{json, Value};
@@ -85,12 +85,12 @@ impl Service {
     async fn edit_config(self: &Arc<Self>, edit: Edit) -> Result<(), SessionError> {
         let service = self.clone();
         let outcome = tokio::task::spawn_blocking(move || {
-            let loading = agentctl::edit::Loading::Shadowed(service.libraries.clone());
-            let outcome = agentctl::edit::run(&service.config_file, &edit, loading, &|| {})?;
+            let loading = history_engine::edit::Loading::Shadowed(service.libraries.clone());
+            let outcome = history_engine::edit::run(&service.config_file, &edit, loading, &|| {})?;
             service
                 .lock_reload()
                 .own_write(&config_hash(&outcome.before), &config_hash(&outcome.after));
-            Ok::<_, agentctl::edit::Refused>(outcome)
+            Ok::<_, Refused>(outcome)
         })
         .await
         .map_err(|e| SessionError::new(ErrorKind::Store, e.to_string()))?

@@ -1,4 +1,5 @@
-//! `agentctl`'s edits of `plugins-enabled.toml`: the rules of each command.
+//! The edits of `plugins-enabled.toml` (`agentctl`'s commands, the runtime commands of
+//! `serve` and `chat`): the rules of each, applied to the text keeping its layout.
 //!
 //! An edit changes only the value it is about: the file goes through
 //! [`toml_edit::DocumentMut`], so comments, key order, blank lines and the formatting of
@@ -7,26 +8,22 @@
 //! comments around entries). A key the file lacks is inserted in its table (`[history]`
 //! is created, before the first table, when missing).
 //!
-//! Every edit is validated before anything is written, by the rules the host applies at
-//! load: the edited text is re-parsed by [`Config::parse`], the chain's plugins must be
-//! in the [`Catalog`], and [`Chain::load`] instantiates the chain so every plugin validates
-//! its own table (only the libraries the configuration names are mapped, each loaded as
-//! [`Loading`] says: in a child process first, or from a host's shadow copies). Then [`crate::write`] replaces the
-//! file atomically. A refusal or a crash never leaves a changed or half-written file.
+//! [`apply`] gives the edited text; it needs no plugin. What does — whether a plugin to
+//! add is available, whether every plugin accepts its table in the edited file, whether
+//! the chain loads — is the engine's `edit` module, which validates the text by the rules
+//! the host applies at load and then has [`crate::write`] replace the file atomically. A
+//! refusal or a crash never leaves a changed or half-written file.
 
 mod array;
 mod layout;
 mod plugin_table;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
-use history_engine::shadow::ShadowLibraries;
-use history_engine::{Catalog, Chain, Config, Prober, Unavailable};
 use plugin_api::naming::is_plugin_name;
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
 
-use crate::write::{write_atomic, EditLock};
+use crate::Config;
 use array::{insert_entry, remove_entry, Layout};
 use layout::keep_untouched_lines;
 
@@ -97,7 +94,7 @@ impl Edit {
     }
 
     /// The plugin whose own table the edit changes, if any.
-    fn plugin_table(&self) -> Option<&str> {
+    pub fn plugin_table(&self) -> Option<&str> {
         match self {
             Edit::PluginSet { name, .. } | Edit::PluginUnset { name, .. } => Some(name),
             _ => None,
@@ -126,106 +123,17 @@ pub struct Planned {
     pub summary: String,
 }
 
-/// What [`run`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The file that was (or would have been) written.
-    pub file: PathBuf,
-    /// What changed, in one line.
-    pub summary: String,
-    /// False when the edit asked for what the file already says: nothing was written.
-    pub written: bool,
-    /// The file's text the edit read, under the edit lock.
-    pub before: String,
-    /// The file's text after the edit (`before` when nothing was written).
-    pub after: String,
-}
-
-/// How an edit's validation loads the libraries it maps.
-pub enum Loading {
-    /// Each first in a child process run by the prober, so one that crashes while it
-    /// loads is a refusal, not the end of the caller (the `agentctl` binary).
-    Probed(Prober),
-    /// From the shadow copies of a host that reloads its chain, which never maps a file of
-    /// `plugin_dir` itself (a runtime command of `serve`, docs/chain.md#hot-reload).
-    Shadowed(Arc<ShadowLibraries>),
-}
-
-/// Reads `file`, applies `edit`, validates the result as the host would load it (the
-/// libraries loaded as `loading` says), and writes it atomically ([`write_atomic`];
-/// `before_rename` runs just before the rename, see there). Any refusal leaves the file
-/// as it was.
-pub fn run(file: &Path, edit: &Edit, loading: Loading, before_rename: &dyn Fn()) -> Result<Outcome, Refused> {
-    // One agentctl edits a file at a time: no edit is lost to another's read-modify-write.
-    let _lock = EditLock::acquire(file)?;
-    let source = std::fs::read_to_string(file).map_err(|err| {
-        Refused(format!(
-            "cannot read {}: {err} (point --config at your plugins-enabled.toml)",
-            file.display()
-        ))
-    })?;
-    let config = Config::parse(file, source.clone()).map_err(|err| Refused(err.to_string()))?;
-    let catalog =
-        Catalog::discover(&config.plugin_dir).map_err(|err| Refused(format!("{}: {err}", file.display())))?;
-    // plugin-set's check runs the plugin's `new` in a child process (a runtime command
-    // inside `serve` never sets a plugin's table).
-    let prober = match &loading {
-        Loading::Probed(prober) => Some(prober.clone()),
-        Loading::Shadowed(_) => None,
-    };
-    let catalog = match loading {
-        Loading::Probed(prober) => catalog.probed(prober),
-        Loading::Shadowed(libraries) => catalog.shadowed(libraries),
-    };
-    let planned = apply(file, &source, edit, Some(&catalog))?;
-    if planned.text == source {
-        return Ok(Outcome {
-            file: file.to_path_buf(),
-            summary: planned.summary,
-            written: false,
-            after: source.clone(),
-            before: source,
-        });
-    }
-    if let (Some(name), Some(prober)) = (edit.plugin_table(), &prober) {
-        plugin_table::probe(file, &planned.text, name, &catalog, prober)?;
-    }
-    if let Err(refused) = validate(file, &planned.text, &catalog) {
-        // Say so when the file was broken before the edit and the edit does not fix it.
-        return Err(match validate(file, &source, &catalog) {
-            Ok(_) => refused,
-            Err(_) => Refused(refused.0.replace(
-                "refused: after this edit the configuration would not load:",
-                "refused: the configuration does not load, and this edit does not fix it:",
-            )),
-        });
-    }
-    write_atomic(file, &planned.text, &source, before_rename).map_err(Refused)?;
-    Ok(Outcome {
-        file: file.to_path_buf(),
-        summary: planned.summary,
-        written: true,
-        before: source,
-        after: planned.text,
-    })
-}
-
-/// Checks edited text by the host's own rules: it parses ([`Config::parse`]), every
-/// chain plugin is available, and the chain loads with every plugin validating its table.
-pub fn validate(file: &Path, text: &str, catalog: &Catalog) -> Result<Config, Refused> {
-    let refuse = |why: String| {
-        Refused(format!(
-            "refused: after this edit the configuration would not load: {why}"
-        ))
-    };
-    let config = Config::parse(file, text.to_string()).map_err(|err| refuse(err.to_string()))?;
-    Chain::load(&config, catalog).map_err(|err| refuse(err.to_string()))?;
-    Ok(config)
-}
+/// Whether a plugin can be added: the engine's answer, from the plugins it finds.
+pub type Availability<'a> = &'a dyn Fn(&str, &Config) -> Result<(), Refused>;
 
 /// Applies `edit` to `source`, the text of `file`, refusing what the command's own rules
-/// forbid (docs/cli.md#agentctl). With a catalog, a plugin to add must be in it.
-pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) -> Result<Planned, Refused> {
+/// forbid (docs/cli.md#agentctl). With `available`, a plugin to add must pass it.
+pub fn apply(
+    file: &Path,
+    source: &str,
+    edit: &Edit,
+    available: Option<Availability<'_>>,
+) -> Result<Planned, Refused> {
     let config = Config::parse(file, source.to_string()).map_err(|err| Refused(err.to_string()))?;
     let mut document: DocumentMut = source
         .parse()
@@ -235,8 +143,8 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
     let summary = match edit {
         Edit::ChainAdd { name, at, view } => {
             check_name(name)?;
-            if let Some(catalog) = catalog {
-                check_available(name, &config, catalog)?;
+            if let Some(available) = available {
+                available(name, &config)?;
             }
             if let Some((list, position)) = List::holding(&config, name) {
                 let hint = if name == "default" {
@@ -354,8 +262,8 @@ pub fn apply(file: &Path, source: &str, edit: &Edit, catalog: Option<&Catalog>) 
         Edit::PluginSet { name, key, value } => {
             check_name(name)?;
             plugin_table::check_key(key)?;
-            if let Some(catalog) = catalog {
-                check_available(name, &config, catalog)?;
+            if let Some(available) = available {
+                available(name, &config)?;
             }
             plugin_table::set(&mut document, name, key, plugin_table::parse_value(value))?
         }
@@ -558,22 +466,8 @@ fn check_name(name: &str) -> Result<(), Refused> {
     } else {
         Err(Refused(format!(
             "{} is not a plugin name: names are plain identifiers (lowercase letters, digits, _), never paths",
-            history_engine::echo::quoted(name)
+            plugin_api::echo::quoted(name)
         )))
-    }
-}
-
-fn check_available(name: &str, config: &Config, catalog: &Catalog) -> Result<(), Refused> {
-    match catalog.library(name) {
-        Ok(_) => Ok(()),
-        Err(Unavailable::Refused(refusal)) => {
-            Err(Refused(format!("plugin \"{name}\" cannot be loaded: {refusal}")))
-        }
-        Err(Unavailable::Missing) => Err(Refused(format!(
-            "unknown plugin \"{name}\": no library in {} exports it (available: {})",
-            config.plugin_dir.display(),
-            catalog.available_names()
-        ))),
     }
 }
 

@@ -98,7 +98,7 @@ fn keep_owner(_out: &std::fs::File, _original: &std::fs::Metadata) -> std::io::R
 
 /// Where `file` really is (a symlink resolved, so a symlinked configuration stays a
 /// symlink): the file, its folder and its name.
-pub(crate) fn location(file: &Path) -> (PathBuf, PathBuf, String) {
+pub fn location(file: &Path) -> (PathBuf, PathBuf, String) {
     let target = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
     let folder = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -128,12 +128,12 @@ fn holder_is_gone(pid: Option<u32>, path: &Path, max_age_secs: u64) -> bool {
 /// The claim of one agentctl on editing a configuration: `.NAME.agentctl.lock` beside it,
 /// holding the process id, created exclusively and removed when dropped. A lock left by
 /// a process that no longer runs is taken over.
-pub(crate) struct EditLock {
+pub struct EditLock {
     path: PathBuf,
 }
 
 impl EditLock {
-    pub(crate) fn acquire(file: &Path) -> Result<EditLock, Refused> {
+    pub fn acquire(file: &Path) -> Result<EditLock, Refused> {
         let (_, folder, file_name) = location(file);
         let path = folder.join(format!(".{file_name}.agentctl.lock"));
         for _ in 0..3 {
@@ -190,7 +190,7 @@ impl Drop for EditLock {
 
 /// Removes temporary files an interrupted agentctl left beside the configuration: those
 /// of processes that no longer run (or, where that cannot be told, older than an hour).
-pub(crate) fn remove_stale_temporaries(folder: &Path, file_name: &str) {
+pub fn remove_stale_temporaries(folder: &Path, file_name: &str) {
     let Ok(entries) = std::fs::read_dir(folder) else {
         return;
     };

@@ -1,57 +1,13 @@
 //! `plugin-set` and `plugin-unset`: one key of a `[plugin.NAME]` table
 //! (docs/cli.md#agentctl). The value keeps the key's place, its decoration and any
 //! comment after it; a missing key is appended to the table, a missing table appended to
-//! the file. Whether the plugin accepts the new table is for the plugin to say: [`probe`]
-//! runs its `new` on the edited file in a child process, which [`super::run`] does before
-//! anything is written.
+//! the file. Whether the plugin accepts the new table is for the plugin to say: the
+//! engine's `edit` runs its `new` on the edited file in a child process before anything is
+//! written.
 
-use std::path::Path;
-
-use history_engine::{Catalog, Prober};
 use toml_edit::{DocumentMut, Item, Table, Value};
 
 use super::Refused;
-
-/// Runs the plugin `name`'s own `new` on its table in the edited `text`, in a child
-/// process (a plugin that crashes in `new` ends the child, not agentctl): the edited text
-/// is written to a temporary file beside `file` (so relative paths in it mean the same),
-/// which the child reads and which is removed after.
-pub(super) fn probe(
-    file: &Path,
-    text: &str,
-    name: &str,
-    catalog: &Catalog,
-    prober: &Prober,
-) -> Result<(), Refused> {
-    let Some(library) = catalog.file(name) else {
-        return Ok(()); // Not installed: validate() refuses it, naming what is available.
-    };
-    let (_, folder, file_name) = crate::write::location(file);
-    let candidate = folder.join(format!(".{file_name}.agentctl-{}.tmp", std::process::id()));
-    std::fs::write(&candidate, text).map_err(|err| {
-        Refused(format!(
-            "cannot write {} to check the edit: {err}; {} is unchanged",
-            candidate.display(),
-            file.display()
-        ))
-    })?;
-    let probed = prober.probe(&library.target, Some(&candidate));
-    let _ = std::fs::remove_file(&candidate);
-    let refuse = |why: String| {
-        // The child read the candidate: name the real file in what it says.
-        let why = why.replace(&candidate.display().to_string(), &file.display().to_string());
-        Refused(format!(
-            "refused: after this edit the configuration would not load: {why}"
-        ))
-    };
-    match probed {
-        Err(refusal) => Err(refuse(refusal.to_string())),
-        Ok(probed) => match probed.config_error {
-            Some(err) => Err(refuse(err)),
-            None => Ok(()),
-        },
-    }
-}
 
 /// `VALUE` as the command line gives it: a TOML value (`5`, `true`, `"text"`, `[1, 2]`,
 /// `{ a = 1 }`), or else the text itself as a string (`[redacted]` is not TOML: it is the
@@ -82,7 +38,7 @@ pub(super) fn check_key(key: &str) -> Result<(), Refused> {
     } else {
         Err(Refused(format!(
             "{} is not a key agentctl can set: one key of the plugin's table (letters, digits, _ and -); edit nested tables by hand",
-            history_engine::echo::quoted(key)
+            plugin_api::echo::quoted(key)
         )))
     }
 }
@@ -172,7 +128,13 @@ mod tests {
     #[test]
     fn plugin_table_edits_keep_the_layout() {
         let edit = |source: &str, edit: super::super::Edit| {
-            super::super::apply(Path::new("/etc/h/plugins-enabled.toml"), source, &edit, None).map(|p| p.text)
+            super::super::apply(
+                std::path::Path::new("/etc/h/plugins-enabled.toml"),
+                source,
+                &edit,
+                None,
+            )
+            .map(|p| p.text)
         };
         let s = "[history]\nchain = [\"default\"]\n\n[plugin.default]\npin_system = true  # keep it\n\n# models\n[models.m]\nmax_context = 10\n";
         let set = |s: &str, key: &str, value: &str| {
