@@ -15,6 +15,4 @@ pub struct App {
     pub upstream: Option<Arc<crate::upstream::Upstream>>,
     /// The messages stateless proxy calls resent, parsed once (docs/proxy.md#stateless-by-default).
     pub resent: Arc<crate::resent::ResentMessages>,
-    /// The unknown model names the proxy has warned about (docs/proxy.md#models).
-    pub warned_models: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }

@@ -131,7 +131,6 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             token: token.map(Arc::from),
             upstream,
             resent: Arc::default(),
-            warned_models: Arc::default(),
         },
         config.max_body_mb,
     );

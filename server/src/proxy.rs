@@ -11,7 +11,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use history_engine::{stateless_context, turns, ChainRun};
+use history_engine::turns;
 use history_sessions::{ErrorKind, SessionError};
 use http_body_util::{BodyExt, Full};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -152,29 +152,16 @@ pub async fn chat_completions(
         ),
     };
 
-    let mut unknown_model = None;
-    let mut model = model;
-    let run = match &session {
+    let (run, unknown_model) = match &session {
         Some(id) => {
             let messages = messages
                 .iter()
                 .map(|text| serde_json::from_str::<Value>(text.get()))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
-            let outcome = app.service.turn_resent(id, messages, model).await?;
-            outcome.run
+            (app.service.turn_resent(id, messages, model).await?.run, None)
         }
         None => {
-            // A model the file does not list gets `[models.default]` here, never a refusal:
-            // the upstream judges model names (docs/proxy.md#models).
-            if let Some(name) = model
-                .as_deref()
-                .filter(|m| !app.service.config().is_listed_model(m))
-            {
-                warn_unknown_model(&app, name);
-                unknown_model = Some(name.to_string());
-                model = None;
-            }
             // Parsed here, on the async thread, as the body was: a resent message is found,
             // not parsed (crate::resent); only the chain goes to a blocking thread.
             let mut turn = 0;
@@ -185,7 +172,10 @@ pub async fn chat_completions(
                     turns::prepare(history, turn);
                 })
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
-            stateless_run(&app, history, turn, model).await?
+            // An unlisted model runs as `default`, never refused: the upstream judges model
+            // names (docs/proxy.md#models).
+            let stateless = app.service.run_stateless("proxy", history, turn, model).await?;
+            (stateless.run, stateless.unknown_model)
         }
     };
     // The sent history written once, straight to JSON text (no Value in between), as a
@@ -210,24 +200,6 @@ pub async fn chat_completions(
     }
     Ok(response)
 }
-
-/// Logs once per name (up to [`MAX_WARNED_MODELS`] names) that a stateless request named a
-/// model the configuration does not list: every request would flood the log.
-fn warn_unknown_model(app: &App, name: &str) {
-    let mut warned = app.warned_models.lock().unwrap_or_else(|e| e.into_inner());
-    if warned.len() < MAX_WARNED_MODELS && warned.insert(name.to_string()) {
-        let config = app.service.config();
-        if let Some(warning) = config.unlisted_model(name) {
-            tracing::warn!(
-                "proxy: {} (said once per model)",
-                history_engine::echo::line(&warning)
-            );
-        }
-    }
-}
-
-/// How many unknown model names the proxy remembers having warned about.
-const MAX_WARNED_MODELS: usize = 256;
 
 /// The visitor methods of every JSON value but an object or array, each answering `$other`.
 macro_rules! other_values {
@@ -382,49 +354,6 @@ fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes 
 pub async fn models(State(app): State<App>, headers: HeaderMap) -> Result<Response> {
     let upstream = upstream(&app)?;
     forward(upstream, Method::GET, "/models", &headers, Bytes::new()).await
-}
-
-/// The chain on a stateless request (its messages parsed and prepared for `turn`), on a
-/// blocking thread.
-async fn stateless_run(
-    app: &App,
-    history: Vec<plugin_api::RArc<plugin_api::Message>>,
-    turn: u64,
-    model: Option<String>,
-) -> Result<ChainRun> {
-    let service = app.service.clone();
-    let result = tokio::task::spawn_blocking(move || -> Result<ChainRun> {
-        let config = service.config();
-        let chain = service.chain();
-        let model = config.model(model.as_deref().unwrap_or("default"));
-        let ctx = stateless_context(&config, model, turn);
-        match chain.run_entering(history, &ctx, None) {
-            Ok(run) => {
-                service.metrics.run(&run);
-                tracing::info!("proxy: {}", history_engine::summary::summary_line(&run));
-                Ok(run)
-            }
-            Err(failure) => {
-                service.metrics.plugin_failed(&failure.plugin);
-                tracing::warn!("proxy: request refused: {failure}");
-                Err(OpenAiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "history_plugin_error",
-                    "plugin_failed",
-                    failure.to_string(),
-                ))
-            }
-        }
-    })
-    .await;
-    result.unwrap_or_else(|e| {
-        Err(OpenAiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "internal",
-            format!("the chain run failed: {e}"),
-        ))
-    })
 }
 
 /// Headers that belong to one connection, never forwarded either way.

@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use history_sessions::answers::{history_json_as, switch_json, turn_json, HistoryForm};
-use history_sessions::{Command, ContextItem, ErrorKind, SessionError, TranscriptPage, TurnInput};
+use history_sessions::{
+    Command, ContextItem, ErrorKind, SessionError, StagePlace, TranscriptPage, TurnInput,
+};
 use serde_json::{json, Map, Value};
 
 use crate::app::App;
@@ -431,36 +433,32 @@ async fn delete(State(app): State<App>, Path(id): Path<String>) -> Result<Status
 }
 
 async fn chain(State(app): State<App>) -> Json<Value> {
-    let chain = app.service.chain();
-    let config = app.service.config();
-    let stage = |s: &history_engine::chain::Stage, view: bool| {
-        let totals = app.service.metrics.plugin_totals(&s.name);
-        json!({
-            "name": s.name,
-            "version": s.version,
-            "view": view,
-            "calls": totals.calls,
-            "seconds": totals.seconds,
-            "skipped": totals.skipped,
-            "failed": totals.failed,
-            "quarantined": s.is_quarantined(),
-            // Isolated plugins (docs/chain.md#isolation): worker processes started so far.
-            "worker_starts": s.worker_starts(),
-        })
-    };
-    let stages: Vec<Value> = chain
+    let report = app.service.chain_report();
+    let stages: Vec<Value> = report
         .stages
         .iter()
-        .map(|s| stage(s, false))
-        .chain(chain.view.iter().map(|s| stage(s, true)))
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "version": s.version,
+                "ingest": s.place == StagePlace::Ingest,
+                "view": s.place == StagePlace::View,
+                "calls": s.totals.calls,
+                "seconds": s.totals.seconds,
+                "skipped": s.totals.skipped,
+                "failed": s.totals.failed,
+                "quarantined": s.quarantined,
+                "worker_starts": s.worker_starts,
+            })
+        })
         .collect();
     Json(json!({
         "stages": stages,
-        "on_plugin_error": chain.on_error.as_str(),
-        "agent_max_ctx": config.agent_max_ctx,
-        "max_users": config.max_users,
-        "session_idle_timeout_minutes": config.session_idle_timeout_minutes,
-        "last_reload": app.service.last_reload().map(|last| last.to_json()),
+        "on_plugin_error": report.on_plugin_error,
+        "agent_max_ctx": report.agent_max_ctx,
+        "max_users": report.max_users,
+        "session_idle_timeout_minutes": report.session_idle_timeout_minutes,
+        "last_reload": report.last_reload.map(|last| last.to_json()),
     }))
 }
 
@@ -480,7 +478,7 @@ async fn metrics(State(app): State<App>) -> Response {
             axum::http::header::CONTENT_TYPE,
             history_sessions::metrics::CONTENT_TYPE,
         )],
-        app.service.metrics.render(app.service.live_sessions()),
+        app.service.metrics_text(),
     )
         .into_response()
 }

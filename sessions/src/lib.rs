@@ -23,5 +23,8 @@ pub mod store;
 
 pub use commands::Command;
 pub use error::{ErrorKind, SessionError};
-pub use service::{Options, Service, SessionInfo, StartError, TranscriptPage};
+pub use service::{
+    ChainReport, Options, Service, SessionInfo, StageInfo, StagePlace, StartError, StatelessRun,
+    TranscriptPage,
+};
 pub use session::{ContextItem, TurnInput, TurnOutcome};

@@ -25,7 +25,11 @@ use crate::reload::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
 use crate::store::{self, Locked, SessionLock, SessionRow, Store, StoreError, TranscriptRow};
 
+mod report;
 mod settings;
+mod stateless;
+pub use report::{ChainReport, StageInfo, StagePlace};
+pub use stateless::StatelessRun;
 mod stores;
 mod upkeep;
 
@@ -139,6 +143,8 @@ pub struct Service {
     operations: Option<Arc<tokio::sync::Semaphore>>,
     shutting_down: AtomicBool,
     pub metrics: Arc<Metrics>,
+    /// The unknown model names stateless calls have been warned about (`stateless`).
+    warned_models: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A failed start: the configuration, the chain or the store.
@@ -240,6 +246,7 @@ impl Service {
             operations,
             shutting_down: AtomicBool::new(false),
             metrics,
+            warned_models: Mutex::default(),
         }))
     }
 
