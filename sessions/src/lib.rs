@@ -23,5 +23,5 @@ pub mod store;
 
 pub use commands::Command;
 pub use error::{ErrorKind, SessionError};
-pub use service::{Options, Service, SessionInfo, StartError};
+pub use service::{Options, Readiness, Service, SessionInfo, StartError};
 pub use session::{ContextItem, TurnInput, TurnOutcome};
