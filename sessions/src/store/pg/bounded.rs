@@ -377,3 +377,83 @@ impl r2d2::HandleError<StoreError> for Quiet {
         tracing::debug!("the store's pool: {error}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(statement_ms: u64) -> Arc<Shared> {
+        let limits = StoreLimits {
+            statement_timeout: Duration::from_millis(statement_ms),
+            ..StoreLimits::default()
+        };
+        Shared::new("postgres://nobody@127.0.0.1:1/none".parse().unwrap(), limits)
+    }
+
+    #[test]
+    fn a_job_past_its_bound_is_a_503_at_the_bound_and_helpers_are_reused() {
+        let shared = shared(5_000);
+        assert_eq!(shared.within(Duration::from_secs(1), || 7).unwrap(), 7);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            shared.helpers.lock().unwrap().len(),
+            1,
+            "the helper is idle again"
+        );
+        let started = Instant::now();
+        let late = shared.within(Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(1))
+        });
+        let took = started.elapsed();
+        let e = late.unwrap_err();
+        assert!(
+            e.unavailable && e.message.contains("did not answer within 100 ms"),
+            "{e}"
+        );
+        assert!(took < Duration::from_millis(600), "{took:?}");
+        // The late job holds its own helper only: another call gets the idle one or a new one.
+        assert_eq!(shared.within(Duration::from_secs(1), || 8).unwrap(), 8);
+    }
+
+    #[test]
+    fn a_wait_ends_when_another_operation_finds_the_database_unreachable() {
+        let shared = shared(5_000);
+        let waiting = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let result = shared.within(Duration::from_secs(10), || {
+                    std::thread::sleep(Duration::from_secs(3))
+                });
+                (result, started.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        shared.failed(&StoreError::unavailable("cannot connect"));
+        let (result, took) = waiting.join().unwrap();
+        assert!(result.unwrap_err().unavailable);
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    }
+
+    #[test]
+    fn an_unreachable_database_is_tried_again_one_at_a_time_with_backoff() {
+        let shared = shared(5_000);
+        assert!(shared.may_try().is_ok(), "up: every operation tries");
+        shared.failed(&StoreError::new("a refused write"));
+        assert!(shared.may_try().is_ok(), "the database answered");
+        shared.failed(&StoreError::unavailable("cannot connect"));
+        let refused = shared.may_try().unwrap_err();
+        assert!(
+            refused.unavailable && refused.message.contains("now every 100 ms"),
+            "{refused}"
+        );
+        std::thread::sleep(FIRST_BACKOFF);
+        assert!(shared.may_try().is_ok(), "the attempt is due");
+        assert!(shared.may_try().is_err(), "one attempt at a time");
+        shared.failed(&StoreError::unavailable("cannot connect"));
+        let refused = shared.may_try().unwrap_err();
+        assert!(refused.message.contains("now every 200 ms"), "{refused}");
+        shared.answered();
+        assert!(shared.may_try().is_ok(), "back");
+    }
+}
