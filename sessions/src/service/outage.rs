@@ -45,13 +45,15 @@ impl Outage {
         }
     }
 
-    /// What a store operation gave. Only an operation that `wrote` (or took a lock) ends
-    /// an outage: a store that cannot take writes may still answer reads.
-    pub(crate) fn saw<T>(&self, result: &Result<T, StoreError>, wrote: bool) {
+    /// What a store operation `started` then gave. Only an operation that `wrote` (or
+    /// took a lock) ends an outage — a store that cannot take writes may still answer
+    /// reads — and only one started after the outage began: one answered before it began
+    /// may return after the first refusal.
+    pub(crate) fn saw<T>(&self, result: &Result<T, StoreError>, wrote: bool, started: Instant) {
         match result {
             Err(e) if e.unavailable => self.failed(e),
             // An error of the store's own (a refused write, bad data) is an answer.
-            _ if wrote => self.answered(),
+            _ if wrote => self.answered(started),
             _ => {}
         }
     }
@@ -93,8 +95,11 @@ impl Outage {
         }
     }
 
-    fn answered(&self) {
+    fn answered(&self, started: Instant) {
         let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        if down.as_ref().is_some_and(|down| started < down.since) {
+            return;
+        }
         if let Some(ended) = down.take() {
             tracing::info!(
                 "store available again after {} ms; {} operations were refused meanwhile",
@@ -127,10 +132,14 @@ mod tests {
     fn an_outage_is_counted_and_ends_with_the_first_answer() {
         let outage = Outage::new("unreachable");
         assert_eq!(outage.reason(), None);
-        outage.saw::<()>(&Err(StoreError::new("a refused write")), true);
+        outage.saw::<()>(&Err(StoreError::new("a refused write")), true, Instant::now());
         assert_eq!(outage.reason(), None, "the store answered");
         for _ in 0..3 {
-            outage.saw::<()>(&Err(StoreError::unavailable("cannot connect")), false);
+            outage.saw::<()>(
+                &Err(StoreError::unavailable("cannot connect")),
+                false,
+                Instant::now(),
+            );
         }
         let reason = outage.reason().expect("down");
         assert!(
@@ -138,9 +147,12 @@ mod tests {
             "{reason}"
         );
         assert!(reason.contains("store unreachable since "), "{reason}");
-        outage.saw(&Ok(()), false);
+        let before = Instant::now() - Duration::from_secs(1);
+        outage.saw(&Ok(()), false, Instant::now());
         assert!(outage.reason().is_some(), "a read does not end it");
-        outage.saw(&Ok(()), true);
+        outage.saw(&Ok(()), true, before);
+        assert!(outage.reason().is_some(), "nor a write that began before it");
+        outage.saw(&Ok(()), true, Instant::now());
         assert_eq!(outage.reason(), None);
     }
 }

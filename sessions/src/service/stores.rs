@@ -33,8 +33,9 @@ impl TimedStore {
         wrote: bool,
         f: impl FnOnce(&dyn Store) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        let started = Instant::now();
         let result = f(&*self.inner);
-        self.outage.saw(&result, wrote);
+        self.outage.saw(&result, wrote, started);
         result
     }
 }
@@ -56,7 +57,7 @@ impl Store for LockedStore<'_> {
         let started = Instant::now();
         let result = self.lock.lock().unwrap_or_else(|e| e.into_inner()).commit(write);
         self.metrics.store(started.elapsed().as_secs_f64());
-        self.outage.saw(&result, true);
+        self.outage.saw(&result, true, started);
         result
     }
     fn set_effective_ctx(&self, sessions: &[(String, u64)]) -> Result<(), StoreError> {

@@ -320,14 +320,16 @@ impl Shared {
             (conn, result)
         }) {
             Ok((conn, result)) => {
+                // An answer on a connection from before the outage (sent before it began)
+                // says nothing of the database now.
+                let current = conn.generation == self.generation.load(Ordering::SeqCst);
                 match &result {
-                    Ok(_) => self.answered(),
-                    Err(e) => {
-                        if e.unavailable {
-                            poisoned.store(true, Ordering::SeqCst);
-                        }
+                    Err(e) if e.unavailable => {
+                        poisoned.store(true, Ordering::SeqCst);
                         self.failed(e);
                     }
+                    _ if current => self.answered(),
+                    _ => {}
                 }
                 Ok((conn, result))
             }
