@@ -9,8 +9,10 @@ use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
 pub mod edit;
+mod store;
 mod summarizer;
 pub mod write;
+pub use store::{StoreLimits, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_KEEPALIVE_S, DEFAULT_STATEMENT_TIMEOUT_MS};
 pub use summarizer::{SummarizerConfig, DEFAULT_SUMMARIZER_MAX_CHARS_IN, DEFAULT_SUMMARIZER_TIMEOUT_MS};
 
 /// Where the chain's plugins live when the file does not say.
@@ -126,6 +128,8 @@ pub struct Config {
     /// `store`: the session service's store, a path resolved against the file's folder
     /// (see docs/sessions.md).
     pub store: PathBuf,
+    /// `[store]`'s bounds on the waits for the store (docs/configuration.md#store).
+    pub store_limits: StoreLimits,
     /// `operator_token_file`, resolved against the file's folder: the file holding the
     /// operator's token for the session service (see docs/http-api.md).
     pub operator_token_file: Option<PathBuf>,
@@ -370,22 +374,7 @@ impl Config {
         let session_idle_timeout_minutes = reader
             .integer(root, "session_idle_timeout_minutes", "the top level", 0)?
             .unwrap_or(DEFAULT_IDLE_TIMEOUT_MINUTES);
-        let store = match reader.string(root, "store", "the top level")? {
-            Some("") => return Err(reader.key_error(root, "store", "`store` must not be empty".to_string())),
-            // PostgreSQL, for several hosts on one store (docs/scaling-out.md).
-            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => PathBuf::from(url),
-            Some(url) if url.contains("://") => {
-                return Err(reader.key_error(
-                    root,
-                    "store",
-                    format!(
-                        "`store` = \"{url}\": expected a file path (the embedded SQLite store) or a postgres:// URL"
-                    ),
-                ))
-            }
-            Some(path) => base.join(path),
-            None => base.join(DEFAULT_STORE),
-        };
+        let (store, store_limits) = store::read(&reader, root, base)?;
         let operator_token_file = match reader.string(root, "operator_token_file", "the top level")? {
             Some("") => {
                 return Err(reader.key_error(
@@ -653,6 +642,7 @@ impl Config {
             max_users,
             session_idle_timeout_minutes,
             store,
+            store_limits,
             operator_token_file,
             max_body_mb,
             token_cache_entries,
@@ -1008,6 +998,44 @@ mod tests {
         );
         let err = parse("store = \"mysql://h/db\"\n").unwrap_err();
         assert!(err.message.contains("or a postgres:// URL"), "{err}");
+    }
+
+    #[test]
+    fn store_as_a_table_carries_its_bounds_and_defaults_them() {
+        use std::time::Duration;
+        assert_eq!(parse("").unwrap().store_limits, StoreLimits::default());
+        assert_eq!(
+            StoreLimits::default().statement_timeout,
+            Duration::from_millis(DEFAULT_STATEMENT_TIMEOUT_MS)
+        );
+        let config = parse(
+            "[store]\nlocation = \"postgres://h/db\"\nconnect_timeout_ms = 700\nstatement_timeout_ms = 900\nkeepalive_s = 3\n",
+        )
+        .unwrap();
+        assert_eq!(config.store, Path::new("postgres://h/db"));
+        assert_eq!(
+            config.store_limits,
+            StoreLimits {
+                connect_timeout: Duration::from_millis(700),
+                statement_timeout: Duration::from_millis(900),
+                keepalive: Duration::from_secs(3),
+            }
+        );
+        let config = parse("[store]\nstatement_timeout_ms = 100\n").unwrap();
+        assert_eq!(
+            config.store,
+            Path::new("/etc/h/sessions.db"),
+            "the default location"
+        );
+        let err = parse("[store]\nstatement_timeout_ms = 0\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
+        assert!(
+            err.message
+                .contains("`statement_timeout_ms` in [store] must be an integer ≥ 1"),
+            "{err}"
+        );
+        let err = parse("[store]\nlocaton = \"x.db\"\n").unwrap_err();
+        assert!(err.message.contains("unknown key `locaton` in [store]"), "{err}");
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub mod turns;
 pub mod written;
 
 pub use chain::{stateless_context, Call, Chain, ChainRun, PluginFailure, SharedChain, StageReport};
-pub use config::{Config, ConfigError, OnPluginError, UnknownModels};
+pub use config::{Config, ConfigError, OnPluginError, StoreLimits, UnknownModels};
 /// Whether a file is a complete ELF shared library for this host, before anything maps it
 /// (`agentctl install` checks a library with it before copying it).
 pub use elf::check as check_elf_library;

@@ -40,7 +40,10 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         .route("/v1/chain", get(chain))
         .route("/v1/chat/completions", post(crate::proxy::chat_completions))
         .route("/v1/models", get(crate::proxy::models))
-        .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        // Readiness, under the name it had before the split (docs/http-api.md#probes).
+        .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // A body that says it is too large is refused before any of it is read; one that
@@ -462,14 +465,37 @@ async fn chain(State(app): State<App>) -> Json<Value> {
     }))
 }
 
-async fn healthz(State(app): State<App>) -> Response {
+/// Liveness: the process answers. Nothing it could fix by a restart is reported here
+/// (docs/http-api.md#probes).
+async fn livez() -> Response {
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+/// Readiness: whether the host can take turns now, with every reason it cannot, and the
+/// notes that are no reason (a refused reload: the previous chain serves), one per line.
+async fn readyz(State(app): State<App>) -> Response {
+    let mut readiness = app.service.readiness().await;
     if app.service.is_shutting_down() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+        readiness.unready.insert(0, "shutting down".to_string());
     }
-    match app.service.health().await {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    let mut body = if readiness.unready.is_empty() {
+        "ok\n".to_string()
+    } else {
+        readiness
+            .unready
+            .iter()
+            .map(|reason| format!("{reason}\n"))
+            .collect()
+    };
+    for note in &readiness.notes {
+        body.push_str(&format!("note: {note}\n"));
     }
+    let status = if readiness.unready.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body).into_response()
 }
 
 async fn metrics(State(app): State<App>) -> Response {

@@ -24,7 +24,7 @@ pub mod store;
 pub use commands::Command;
 pub use error::{ErrorKind, SessionError};
 pub use service::{
-    ChainReport, Options, Service, SessionInfo, StageInfo, StagePlace, StartError, StatelessRun,
+    ChainReport, Options, Readiness, Service, SessionInfo, StageInfo, StagePlace, StartError, StatelessRun,
     TranscriptPage,
 };
 pub use session::{ContextItem, TurnInput, TurnOutcome};

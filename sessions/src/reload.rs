@@ -248,7 +248,7 @@ impl Service {
 /// started with.
 fn restart_only(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut keys = Vec::new();
-    if old.store != new.store {
+    if old.store != new.store || old.store_limits != new.store_limits {
         keys.push("store");
     }
     if old.operator_token_file != new.operator_token_file {

@@ -1,23 +1,34 @@
-//! A TCP forwarder on loopback that a test can cut and restore: from the client's side,
-//! what a database restart or a network outage looks like. Cutting it shuts down every
-//! forwarded connection (a query in flight fails as when the server's backends are
-//! terminated) and refuses new ones until it is restored.
+//! A TCP relay on loopback that a test can switch between forwarding, refusing and
+//! black-holing: from the client's side, what a database restart, a refused connection
+//! and a network partition (packets go nowhere) look like.
+//!
+//! - [`Link::cut`] (refuse): every forwarded connection is shut down (a query in flight
+//!   fails as when the server's backends are terminated), and new connections are shut at
+//!   once, until [`Link::restore`].
+//! - [`Link::black_hole`]: every connection, open or new, is kept open and its bytes are
+//!   read and dropped in both directions: nothing is refused and nothing answers.
+//! - [`Link::restore`]: new connections are forwarded again; the connections that were
+//!   black-holed lost bytes, so they are shut (as TCP gives up on a long partition).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// A forwarder from a free 127.0.0.1 port to `target`. Stops when dropped.
+const UP: u8 = 0;
+const REFUSING: u8 = 1;
+const BLACK_HOLE: u8 = 2;
+
+/// A relay from a free 127.0.0.1 port to `target`. Stops when dropped.
 pub struct Link {
     addr: SocketAddr,
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    up: AtomicBool,
+    mode: AtomicU8,
     stopped: AtomicBool,
-    /// Both ends of every forwarded connection, to shut down on a cut.
+    /// Both ends of every connection, to shut down on a cut.
     open: Mutex<Vec<TcpStream>>,
 }
 
@@ -27,6 +38,10 @@ impl Shared {
             let _ = stream.shutdown(Shutdown::Both);
         }
     }
+
+    fn mode(&self) -> u8 {
+        self.mode.load(Ordering::SeqCst)
+    }
 }
 
 impl Link {
@@ -35,7 +50,7 @@ impl Link {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
-            up: AtomicBool::new(true),
+            mode: AtomicU8::new(UP),
             stopped: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
         });
@@ -47,9 +62,17 @@ impl Link {
                     break;
                 }
                 let Ok(client) = incoming else { continue };
-                if !accepting.up.load(Ordering::SeqCst) {
-                    let _ = client.shutdown(Shutdown::Both);
-                    continue;
+                match accepting.mode() {
+                    REFUSING => {
+                        let _ = client.shutdown(Shutdown::Both);
+                        continue;
+                    }
+                    BLACK_HOLE => {
+                        accepting.open.lock().unwrap().push(client.try_clone().unwrap());
+                        swallow(client);
+                        continue;
+                    }
+                    _ => {}
                 }
                 let Ok(server) = TcpStream::connect(&target) else {
                     let _ = client.shutdown(Shutdown::Both);
@@ -62,8 +85,12 @@ impl Link {
                     open.push(client.try_clone().unwrap());
                     open.push(server.try_clone().unwrap());
                 }
-                pump(client.try_clone().unwrap(), server.try_clone().unwrap());
-                pump(server, client);
+                pump(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    accepting.clone(),
+                );
+                pump(server, client, accepting.clone());
             }
         });
         Link { addr, shared }
@@ -73,15 +100,22 @@ impl Link {
         self.addr.port()
     }
 
-    /// Shuts down every forwarded connection and refuses new ones.
+    /// Refuses: shuts down every forwarded connection and every new one.
     pub fn cut(&self) {
-        self.shared.up.store(false, Ordering::SeqCst);
+        self.shared.mode.store(REFUSING, Ordering::SeqCst);
         self.shared.shut_all();
     }
 
-    /// Accepts and forwards connections again.
+    /// Answers nothing: every byte, on open connections and new ones, is read and dropped.
+    pub fn black_hole(&self) {
+        self.shared.mode.store(BLACK_HOLE, Ordering::SeqCst);
+    }
+
+    /// Forwards new connections again; connections black-holed meanwhile are shut.
     pub fn restore(&self) {
-        self.shared.up.store(true, Ordering::SeqCst);
+        if self.shared.mode.swap(UP, Ordering::SeqCst) == BLACK_HOLE {
+            self.shared.shut_all();
+        }
     }
 }
 
@@ -94,13 +128,15 @@ impl Drop for Link {
     }
 }
 
-/// Copies `from` into `to` on a thread of its own until either end closes.
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` into `to` on a thread of its own until either end closes; while the
+/// link is a black hole, what it reads is dropped.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>) {
     std::thread::spawn(move || {
         let mut buffer = [0u8; 16 * 1024];
         loop {
             match from.read(&mut buffer) {
                 Ok(0) | Err(_) => break,
+                Ok(_) if shared.mode() == BLACK_HOLE => {}
                 Ok(n) => {
                     if to.write_all(&buffer[..n]).is_err() {
                         break;
@@ -110,5 +146,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream) {
         }
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
+    });
+}
+
+/// Reads and drops what `stream` sends until it closes or is shut.
+fn swallow(mut stream: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 16 * 1024];
+        while matches!(stream.read(&mut buffer), Ok(n) if n > 0) {}
     });
 }

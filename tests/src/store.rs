@@ -153,7 +153,12 @@ impl TestStore {
 
     /// The store opened in the test process, to look at what it holds.
     pub fn open(&self) -> Box<dyn Store> {
-        history_sessions::store::open(&self.location, std::time::Duration::from_secs(10)).unwrap()
+        history_sessions::store::open(
+            &self.location,
+            std::time::Duration::from_secs(10),
+            Default::default(),
+        )
+        .unwrap()
     }
 }
 

@@ -25,6 +25,7 @@ use crate::reload::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
 use crate::store::{self, Locked, SessionLock, SessionRow, Store, StoreError, TranscriptRow};
 
+mod outage;
 mod report;
 mod settings;
 mod stateless;
@@ -32,6 +33,8 @@ pub use report::{ChainReport, StageInfo, StagePlace};
 pub use stateless::StatelessRun;
 mod stores;
 mod upkeep;
+
+use outage::Outage;
 
 use stores::{LockedStore, TimedStore};
 
@@ -145,6 +148,8 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// The unknown model names stateless calls have been warned about (`stateless`).
     warned_models: Mutex<std::collections::HashSet<String>>,
+    /// Whether the store is unavailable now, as the log and readiness report it.
+    outage: Arc<Outage>,
 }
 
 /// A failed start: the configuration, the chain or the store.
@@ -190,9 +195,16 @@ impl Service {
         let turn_wait = env_u64("HISTORY_TURN_WAIT_MS")
             .map(Duration::from_millis)
             .unwrap_or(DEFAULT_TURN_WAIT);
+        let outage = Arc::new(Outage::new(if store::is_postgres(&store_path) {
+            "unreachable"
+        } else {
+            "unavailable"
+        }));
         let store: Arc<dyn Store> = Arc::new(TimedStore {
-            inner: store::open(&store_path, turn_wait).map_err(|e| StartError(e.to_string()))?,
+            inner: store::open(&store_path, turn_wait, config.store_limits)
+                .map_err(|e| StartError(e.to_string()))?,
             metrics: metrics.clone(),
+            outage: outage.clone(),
         });
         // The summarizer's answers are kept in the store, for every session and restart.
         history_engine::summarizer::install_cache(Arc::new(store::StoreSummaries(store.clone())));
@@ -247,6 +259,7 @@ impl Service {
             shutting_down: AtomicBool::new(false),
             metrics,
             warned_models: Mutex::default(),
+            outage,
         }))
     }
 
@@ -479,6 +492,7 @@ impl Service {
                 store: &*service.store,
                 lock: Mutex::new(lock),
                 metrics: &service.metrics,
+                outage: &service.outage,
             });
             let env = Env {
                 chain: &chain,
@@ -603,7 +617,12 @@ impl Service {
                 if let Some(plugin) = &e.plugin {
                     self.metrics.plugin_failed(plugin);
                 }
-                tracing::warn!(session = %id, "turn refused: {}", e.message);
+                // A store outage is logged once by its watch (`outage`), not per turn.
+                if e.kind == ErrorKind::StoreUnavailable {
+                    tracing::debug!(session = %id, "turn refused: {}", e.message);
+                } else {
+                    tracing::warn!(session = %id, "turn refused: {}", e.message);
+                }
             }
         }
         let outcome = match &result {
@@ -706,32 +725,45 @@ impl Service {
         .unwrap_or_else(|e| Err(SessionError::new(ErrorKind::Store, e.to_string())))
     }
 
-    /// `Ok` when the store takes writes, the last reload did not fail and no plugin of the
-    /// chain is quarantined; else every reason, one per line.
-    pub async fn health(self: &Arc<Self>) -> Result<(), String> {
+    /// Whether the host can take turns now (`/readyz`): `unready` holds every reason it
+    /// cannot (the store unreachable or not taking writes, a plugin quarantined), `notes`
+    /// what is worth knowing but does not stop turns (a refused reload: the previous
+    /// chain keeps serving).
+    pub async fn readiness(self: &Arc<Self>) -> Readiness {
         let service = self.clone();
-        let mut reasons = Vec::new();
+        let mut unready = Vec::new();
         let store = tokio::task::spawn_blocking(move || service.store.check_writable())
             .await
             .map_err(|e| e.to_string())
             .and_then(|checked| checked.map_err(|e| e.to_string()));
         if let Err(e) = store {
-            reasons.push(format!("store unwritable: {e}"));
+            unready.push(
+                self.outage
+                    .reason()
+                    .unwrap_or_else(|| format!("store unwritable: {e}")),
+            );
         }
-        reasons.extend(self.reload_failure());
         let chain = self.chain.current();
         for plugin in chain.quarantined() {
-            reasons.push(format!(
+            unready.push(format!(
                 "plugin \"{plugin}\" quarantined: a call ran past plugin_timeout_ms ({} ms); reload the chain to call it again",
                 chain.deadline().unwrap_or_default().as_millis()
             ));
         }
-        if reasons.is_empty() {
-            Ok(())
-        } else {
-            Err(reasons.join("\n"))
+        Readiness {
+            unready,
+            notes: self.reload_failure().into_iter().collect(),
         }
     }
+}
+
+/// What `/readyz` reports ([`Service::readiness`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// Why turns cannot be taken now; empty: ready.
+    pub unready: Vec<String>,
+    /// Worth knowing, not a reason to be unready.
+    pub notes: Vec<String>,
 }
 
 fn new_slot(info: SessionInfo, session: Option<Session>) -> Slot {

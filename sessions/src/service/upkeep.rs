@@ -133,6 +133,8 @@ impl Service {
                         timeout as f64 / 1000.0
                     );
                 }
+                // An outage is logged once by its watch (`outage`).
+                Err(e) if e.kind == crate::error::ErrorKind::StoreUnavailable => {}
                 Err(e) => tracing::warn!(session = %id, "cannot reap the session: {e}"),
             }
         }
@@ -148,6 +150,8 @@ impl Service {
             .unwrap_or_else(|e| Err(StoreError::new(e.to_string())));
         let reaped = match reaped {
             Ok(reaped) => reaped,
+            // An outage is logged once by its watch (`outage`).
+            Err(e) if e.unavailable => return 0,
             Err(e) => {
                 tracing::warn!("cannot reap idle sessions: {e}");
                 return 0;

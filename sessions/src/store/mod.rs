@@ -14,6 +14,8 @@ mod sqlite;
 use std::path::Path;
 use std::time::Duration;
 
+use history_engine::StoreLimits;
+
 pub use pg::{round_trips, shown, PgStore};
 pub use sqlite::SqliteStore;
 
@@ -61,13 +63,17 @@ pub fn is_postgres(location: &Path) -> bool {
 }
 
 /// Opens the store `location` names: a `postgres://` URL, or a SQLite file. `lock_wait`
-/// is how long a session's lock is waited for on a shared store.
-pub fn open(location: &Path, lock_wait: Duration) -> Result<Box<dyn Store>, StoreError> {
+/// is how long a session's lock is waited for on a shared store; `limits` bound every
+/// other wait (`[store]`, docs/configuration.md#store).
+pub fn open(location: &Path, lock_wait: Duration, limits: StoreLimits) -> Result<Box<dyn Store>, StoreError> {
     if is_postgres(location) {
         let url = location.to_str().unwrap_or_default();
-        Ok(Box::new(PgStore::open(url, lock_wait)?))
+        Ok(Box::new(PgStore::open(url, lock_wait, limits)?))
     } else {
-        Ok(Box::new(SqliteStore::open(location)?))
+        Ok(Box::new(SqliteStore::open_waiting(
+            location,
+            limits.statement_timeout,
+        )?))
     }
 }
 

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -117,7 +118,7 @@ fn err(e: rusqlite::Error) -> StoreError {
     StoreError::unavailable(format!("{what} (SQLite: {e})"))
 }
 
-fn open(path: &Path) -> Result<Connection, StoreError> {
+fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     // SQLite says only "unable to open database file" when the file or its file system is
     // read-only; the operating system's answer names the cause.
     if path.exists() {
@@ -130,9 +131,7 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
     }
     let connection = Connection::open(path)
         .map_err(|e| StoreError::new(format!("cannot open {}: {e}", path.display())))?;
-    connection
-        .busy_timeout(std::time::Duration::from_secs(10))
-        .map_err(err)?;
+    connection.busy_timeout(busy_timeout).map_err(err)?;
     // WAL: readers never block the writer. synchronous = FULL: every commit is fsynced
     // before it returns, so an acknowledged turn survives a killed process and a power
     // loss alike (docs/sessions.md, durability).
@@ -152,13 +151,20 @@ fn open(path: &Path) -> Result<Connection, StoreError> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path`, waiting at most the default
+    /// `[store] statement_timeout_ms` for a file another process has locked.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_waiting(path, history_engine::StoreLimits::default().statement_timeout)
+    }
+
+    /// Opens (creating if needed) the store at `path`; a file another process has locked
+    /// is waited for at most `busy_timeout` (then a 503).
+    pub fn open_waiting(path: &Path, busy_timeout: Duration) -> Result<SqliteStore, StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .map_err(|e| StoreError::new(format!("cannot create {}: {e}", parent.display())))?;
         }
-        let writer = open(path)?;
+        let writer = open(path, busy_timeout)?;
         let version: i64 = writer
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(err)?;
@@ -191,7 +197,7 @@ impl SqliteStore {
         writer
             .execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
             .map_err(err)?;
-        let reader = open(path)?;
+        let reader = open(path, busy_timeout)?;
         Ok(SqliteStore {
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),

@@ -39,6 +39,7 @@ mod sessions_hosts;
 mod sessions_http;
 mod sessions_load;
 mod sessions_store;
+mod store_outage;
 mod summarize;
 mod summarizer;
 mod token_budget;

@@ -252,15 +252,21 @@ fn serve_reloads_a_rebuilt_library_and_config_edits_and_refuses_a_broken_edit_wh
     assert_ne!(broken, good);
     save(&config.path, &broken);
     wait_until("the broken edit is refused", || reloads(&server, "failed") == 1.0);
-    let health = server.get("/healthz");
-    assert_eq!(health.status, 503, "{health:?}");
-    let reason = health.body.as_str().unwrap_or_default();
-    assert!(
-        reason.contains("chain reload failed")
-            && reason.contains("\"dedup\"")
-            && reason.contains("previous chain keeps serving"),
-        "{reason}"
-    );
+    // The old chain serves: the host is alive and ready (a liveness probe must not
+    // restart it onto the bad file), and readiness says what was refused as a note.
+    assert_eq!(server.get("/livez").status, 200);
+    for probe in ["/readyz", "/healthz"] {
+        let health = server.get(probe);
+        assert_eq!(health.status, 200, "{probe} after a refused reload: {health:?}");
+        let said = health.body.as_str().unwrap_or_default();
+        assert!(
+            said.starts_with("ok\n")
+                && said.contains("note: chain reload failed")
+                && said.contains("\"dedup\"")
+                && said.contains("previous chain keeps serving"),
+            "{probe}: {said}"
+        );
+    }
     let last = server.get("/v1/chain").body["last_reload"].clone();
     assert_eq!(last["outcome"], "failed", "{last}");
     assert!(
@@ -288,8 +294,9 @@ fn serve_reloads_a_rebuilt_library_and_config_edits_and_refuses_a_broken_edit_wh
     assert_ne!(fixed, good);
     save(&config.path, &fixed);
     wait_until("the fix is reloaded", || reloads(&server, "ok") == 3.0);
-    let health = server.get("/healthz");
+    let health = server.get("/readyz");
     assert_eq!(health.status, 200, "{health:?}");
+    assert_eq!(health.body, "ok\n", "the note is gone");
     assert_eq!(server.get("/v1/chain").body["last_reload"]["outcome"], "ok");
     assert_eq!(
         stages(&server),

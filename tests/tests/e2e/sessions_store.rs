@@ -208,10 +208,40 @@ fn a_full_store_refuses_turns_with_a_503_and_serves_again_once_there_is_room() {
     while std::io::Write::write_all(&mut file, b"x").is_ok() {}
     drop(file);
     let big = "word ".repeat(50_000);
+    let log_before = server.stderr().len();
     let answer = turn(&server, &id, &big);
     assert_unwritable(&answer, "a turn on a full disk");
     assert!(answer.error().1.contains("full"), "{answer:?}");
+    for n in 0..4 {
+        assert_unwritable(
+            &turn(&server, &id, &format!("{big} {n}")),
+            "more turns on a full disk",
+        );
+    }
     assert_eq!(server.get("/healthz").status, 503, "health on a full disk");
+    let ready = server.get("/readyz");
+    assert_eq!(ready.status, 503, "{ready:?}");
+    let said = ready.body.as_str().unwrap_or_default();
+    assert!(
+        said.contains("store unavailable since") && said.contains("full"),
+        "{said}"
+    );
+    assert_eq!(
+        server.get("/livez").status,
+        200,
+        "alive: a restart would not make room"
+    );
+    // The outage is logged once, not once per refused turn.
+    let log = server.stderr()[log_before..].to_string();
+    let loud: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+        .collect();
+    assert_eq!(loud.len(), 1, "{loud:#?}");
+    assert!(
+        loud[0].contains("store unavailable") && loud[0].contains("full"),
+        "{loud:?}"
+    );
     // Nothing changed, and the service still answers what it can without writing.
     assert_eq!((server.transcript(&id), server.history(&id, false)), before);
     std::fs::remove_file(&filler).unwrap();
@@ -219,6 +249,15 @@ fn a_full_store_refuses_turns_with_a_503_and_serves_again_once_there_is_room() {
     assert_eq!(answer.status, 200, "after freeing room: {answer:?}");
     assert_eq!(answer.body["turn"], 4);
     assert_eq!(server.get("/healthz").status, 200);
+    let log = server.stderr()[log_before..].to_string();
+    let ended: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("store available again"))
+        .collect();
+    assert!(
+        ended.len() == 1 && ended[0].contains("operations were refused meanwhile"),
+        "{log}"
+    );
     assert_eq!(server.stop().code(), Some(0));
 }
 

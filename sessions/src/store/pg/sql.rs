@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use postgres::{SimpleQueryMessage, SimpleQueryRow};
 use postgres_protocol::escape::escape_literal;
-use r2d2_postgres::r2d2;
 
 use crate::store::{
     decode_working, encode_working, resolve_sent, HostCopy, SessionRow, SessionWrite, StoreError,
@@ -21,7 +20,7 @@ pub(super) const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript
      expiration_override, created_at, last_active, next_copy, working, version";
 
 /// The statements a turn runs, prepared once on each pooled connection as it opens
-/// ([`PrepareStatements`]) and run by `EXECUTE` inside the turn's simple queries: the
+/// (`bounded::Shared::connect`) and run by `EXECUTE` inside the turn's simple queries: the
 /// server then parses and plans each once per connection, not once per turn — most of
 /// its CPU otherwise (docs/scaling-out.md#round-trips).
 ///
@@ -74,17 +73,6 @@ pub(super) fn prepare_sql() -> &'static str {
                SELECT count(*) FROM u"
         )
     })
-}
-
-/// Prepares [`prepare_sql`]'s statements on each connection the pool opens.
-#[derive(Debug)]
-pub(super) struct PrepareStatements;
-
-impl r2d2::CustomizeConnection<postgres::Client, postgres::Error> for PrepareStatements {
-    fn on_acquire(&self, c: &mut postgres::Client) -> Result<(), postgres::Error> {
-        trips(1);
-        c.batch_execute(prepare_sql())
-    }
 }
 
 /// PostgreSQL round trips this process made to its store (each message sent and its answer
