@@ -21,7 +21,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::clock::{new_session_id, now_ms, rfc3339};
 use crate::error::{ErrorKind, SessionError};
 use crate::metrics::Metrics;
-use crate::reload::ReloadState;
+use crate::reload::state::ReloadState;
 use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, TurnOutcome};
 use crate::store::{self, Locked, SessionLock, SessionRow, Store, StoreError, TranscriptRow};
 

@@ -3,7 +3,7 @@
 
 use super::Service;
 use crate::metrics::PluginTotals;
-use crate::reload::LastReload;
+use crate::reload::state::LastReload;
 
 /// Where a stage runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use history_engine::reload::{load_checked, Fingerprint, Loaded, Watcher};
 use history_engine::Config;
-use serde_json::{json, Value};
 
 use crate::clock::{now_ms, rfc3339};
 
@@ -25,65 +24,9 @@ use crate::clock::{now_ms, rfc3339};
 const SETTLE: std::time::Duration = history_engine::reload::DEBOUNCE.saturating_mul(2);
 use crate::service::{idle_timeout_ms_for, Service};
 
-/// How the last reload went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LastReload {
-    /// When it ended, in ms since the epoch.
-    pub at: u64,
-    /// Why it was refused; `None` when the new chain serves.
-    pub error: Option<String>,
-}
-
-impl LastReload {
-    /// As `GET /v1/chain` shows it: `{at, outcome, error}`.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "at": rfc3339(self.at),
-            "outcome": if self.error.is_none() { "ok" } else { "failed" },
-            "error": self.error,
-        })
-    }
-}
-
-/// What the running chain was loaded from, and the last reload.
-#[derive(Debug)]
-pub(crate) struct ReloadState {
-    running: Fingerprint,
-    last: Option<LastReload>,
-    /// What the last reload refused, while it is the last reload.
-    refused: Option<Fingerprint>,
-}
-
-impl ReloadState {
-    pub(crate) fn new(running: Fingerprint) -> ReloadState {
-        ReloadState {
-            running,
-            last: None,
-            refused: None,
-        }
-    }
-
-    /// Whether files that look like `now` call for a reload: they differ from the running
-    /// chain's, or the running chain's are back after a refused reload (which health
-    /// still reports), or a plugin is quarantined (a reload ends it). Files just refused
-    /// are not loaded again until they change.
-    fn needs_reload(&self, now: &Fingerprint, quarantined: bool) -> bool {
-        if self.refused.as_ref() == Some(now) {
-            return false;
-        }
-        *now != self.running || self.refused.is_some() || quarantined
-    }
-
-    /// The service wrote the configuration (a runtime command), which held `before` and
-    /// now holds `after`: when `before` was the running configuration, `after` is too (the
-    /// command applied its setting already), so the event the write makes reloads nothing.
-    /// When it was not (an edit not reloaded yet), the reload that follows applies both.
-    pub(crate) fn own_write(&mut self, before: &str, after: &str) {
-        if self.running.config == before {
-            self.running.config = after.to_string();
-        }
-    }
-}
+pub(crate) mod state;
+pub use state::LastReload;
+use state::ReloadState;
 
 impl Service {
     /// Starts hot reload: watches the configuration file and `plugin_dir`, and reloads on
