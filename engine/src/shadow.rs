@@ -25,8 +25,10 @@ use crate::library::{PluginLibrary, Refusal};
 /// The folder of `plugin_dir` that holds the shadow copies; discovery never looks in it.
 pub const SHADOW_DIR: &str = ".shadow";
 
-/// A library that takes longer than this to copy and map is named in an info line.
+/// A library that takes longer than this to copy and map is named in an info line...
 const SLOW_LOAD: Duration = Duration::from_millis(250);
+/// ...and past this, in a warning.
+const VERY_SLOW_LOAD: Duration = Duration::from_secs(1);
 
 /// The lock file of one shadow folder.
 const LOCK_FILE: &str = ".lock";
@@ -117,15 +119,22 @@ impl ShadowLibraries {
         let copied = started.elapsed();
         let library = PluginLibrary::load_as(path, &copy)?;
         tracing::debug!("plugin \"{}\" loaded from {}", library.name, copy.display());
-        // What a start or reload spends its time on, when it is slow (docs/chain.md#hot-reload).
-        if started.elapsed() >= SLOW_LOAD {
-            tracing::info!(
+        // What a start or reload spends its time on, when it is slow (docs/chain.md#hot-reload):
+        // at info, and at warn past a second (what `chat`, logging warnings only, shows).
+        let elapsed = started.elapsed();
+        if elapsed >= SLOW_LOAD {
+            let line = format!(
                 "plugin library {}: {:.1} MB read, hashed and copied in {} ms, mapped in {} ms",
                 path.display(),
                 bytes.len() as f64 / 1e6,
                 copied.as_millis(),
-                (started.elapsed() - copied).as_millis()
+                (elapsed - copied).as_millis()
             );
+            if elapsed >= VERY_SLOW_LOAD {
+                tracing::warn!("{line}");
+            } else {
+                tracing::info!("{line}");
+            }
         }
         loaded.insert(
             hash,
