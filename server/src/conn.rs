@@ -3,7 +3,9 @@
 //!
 //! hyper's own `header_read_timeout` bounds a request's line and headers; it runs from the
 //! moment hyper waits for a request, so it also closes a kept-alive connection left idle.
-//! The body's deadline is ours (a body stream that gives up), since hyper has none.
+//! hyper closes on it without a word, so the socket is shared ([`Shared`]) and a
+//! connection that had begun a request is answered 408 after hyper lets it go. The body's
+//! deadline is ours (a body stream that gives up), since hyper has none.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +23,10 @@ use history_engine::config::ServerConfig;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
@@ -187,14 +192,91 @@ async fn guard(phases: Phases, body_timeout: Duration, request: Request, next: N
     }
 }
 
+/// A client's socket, shared between hyper and the accept loop's task, which answers 408
+/// on it after hyper gave up on a request's headers. `begun`: bytes came since the last
+/// answer was written, so a request had begun (else the connection was idle).
+struct Shared {
+    tcp: Arc<TcpStream>,
+    begun: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Shared {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            ready!(self.tcp.poll_read_ready(cx))?;
+            match self.tcp.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    if n > 0 {
+                        self.begun.store(true, Ordering::Relaxed);
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Shared {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        loop {
+            ready!(self.tcp.poll_write_ready(cx))?;
+            match self.tcp.try_write(data) {
+                Ok(n) => {
+                    self.begun.store(false, Ordering::Relaxed);
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // The write side only, as TcpStream's own shutdown; the socket closes when the
+        // last holder lets it go.
+        #[cfg(unix)]
+        {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.tcp);
+            // SAFETY: a shutdown of a descriptor this socket owns and keeps open.
+            if unsafe { libc::shutdown(fd, libc::SHUT_WR) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::NotConnected {
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A whole answer written straight to a socket, then the connection closed: the error
+/// shape of every other answer.
+fn canned(status: &str, code: &str, message: &str, extra: &str) -> String {
+    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// The answer to a connection past the cap: written at once, then the connection closed.
 async fn refuse(mut tcp: TcpStream, max: usize) {
-    let body = format!(
-        "{{\"error\":{{\"code\":\"too_many_connections\",\"message\":\"the host has {max} connections open ([server] max_connections); try again later\"}}}}"
-    );
-    let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\nretry-after: 1\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
+    let answer = canned(
+        "503 Service Unavailable",
+        "too_many_connections",
+        &format!("the host has {max} connections open ([server] max_connections); try again later"),
+        "retry-after: 1\r\n",
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         let _ = tcp.write_all(answer.as_bytes()).await;
@@ -291,10 +373,28 @@ pub(crate) async fn serve(
             tokio::spawn(refuse(tcp, limits.max_connections));
             continue;
         };
-        let connection = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let tcp = Arc::new(tcp);
+        let begun = Arc::new(AtomicBool::new(false));
+        let io = Shared {
+            tcp: tcp.clone(),
+            begun: begun.clone(),
+        };
+        let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let ended = connection.await;
+            if let Err(e) = ended {
+                // A request begun but its headers not all in: told why (an idle one is
+                // just closed). Best effort: the answer fits any socket buffer.
+                if e.is_timeout() && begun.load(Ordering::Relaxed) {
+                    let answer = canned(
+                        "408 Request Timeout",
+                        "request_timeout",
+                        "the request's headers did not arrive in time ([server] header_timeout_s)",
+                        "",
+                    );
+                    let _ = tcp.try_write(answer.as_bytes());
+                }
                 tracing::debug!("connection ended: {e}");
             }
             drop(permit);
