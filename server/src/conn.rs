@@ -419,3 +419,34 @@ pub(crate) async fn serve(
     let _ = deadline_tx.send(true);
     let _ = tokio::time::timeout(limits.grace - answer_at, closed).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_stays_under_the_descriptor_limit() {
+        let nofile = nofile_limit();
+        let config = |max_connections| ServerConfig {
+            max_connections,
+            ..ServerConfig::default()
+        };
+        let derived = Limits::new(&config(0));
+        let asked = Limits::new(&config(u64::MAX / 2));
+        match nofile {
+            Some(nofile) => {
+                assert_eq!(derived.nofile, Some(nofile));
+                assert_eq!(
+                    derived.max_connections as u64,
+                    nofile.saturating_sub(reserved(nofile)).max(1)
+                );
+                assert!((derived.max_connections as u64) < nofile);
+                // Asked for more than the limit allows: lowered to it.
+                assert_eq!(asked.max_connections, derived.max_connections);
+            }
+            None => assert_eq!(derived.max_connections, 1024),
+        }
+        assert_eq!(Limits::new(&config(8)).max_connections, 8);
+        assert_eq!((reserved(256), reserved(100_000)), (64, 25_000));
+    }
+}

@@ -243,3 +243,42 @@ fn a_stalled_upstream_is_answered_504_after_read_timeout() {
     // After read_timeout_s (1 s), far before timeout_s (30 s).
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
+
+#[test]
+fn a_turn_still_running_at_the_end_of_the_grace_period_is_answered_503_and_not_stored() {
+    // A chain whose turn takes 6 s (no plugin deadline), a grace period of 2 s.
+    let dir = e2e_tests::fixtures::plugin_dir_with(&[&e2e_tests::fixtures::fixture_library("sleeper")]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[server]\nshutdown_grace_s = 2\n[history]\nchain = [\"default\", \"sleeper\"]\nplugin_timeout_ms = 0\n[models.default]\ntokenizer = \"chars4\"\n[plugin.sleeper]\nms = 6000\n",
+        dir.path().display().to_string()
+    ));
+    let store = config.dir.path().join("sessions.db");
+    let server = Server::start(&config.path, &store, &[]);
+    let id = server.create("default");
+    let mut stream = connect(&server);
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "a slow turn"}]}).to_string();
+    let request = format!(
+        "POST /v1/sessions/{id}/turns HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let turn = std::thread::spawn(move || watch(stream, false, Duration::from_secs(15)));
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let status = server.stop();
+    let took = started.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "exited after {took:?}, grace 2 s"
+    );
+    let (seen, closed) = turn.join().unwrap();
+    assert!(closed.is_some(), "{seen:?}");
+    assert!(seen.starts_with("HTTP/1.1 503 "), "{seen:?}");
+    assert!(seen.contains("shutting_down"), "{seen:?}");
+    // Nothing of it was stored: the session is there, its transcript empty.
+    std::thread::sleep(Duration::from_secs(1));
+    let server = Server::start(&config.path, &store, &[]);
+    assert!(server.transcript(&id).is_empty());
+    assert_eq!(server.stop().code(), Some(0));
+}
