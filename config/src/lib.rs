@@ -9,7 +9,9 @@ use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
 pub mod edit;
+mod server;
 mod store;
+pub use server::{ServerConfig, DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_SHUTDOWN_GRACE_S};
 mod summarizer;
 pub mod write;
 pub use store::{StoreLimits, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_KEEPALIVE_S, DEFAULT_STATEMENT_TIMEOUT_MS};
@@ -34,6 +36,8 @@ pub const DEFAULT_SESSION_MEMORY_MB: u64 = 0;
 pub const DEFAULT_TOKEN_CACHE_ENTRIES: u64 = 1 << 18;
 /// `[upstream] timeout_s` when omitted.
 pub const DEFAULT_UPSTREAM_TIMEOUT_S: u64 = 600;
+/// `[upstream] read_timeout_s` when omitted.
+pub const DEFAULT_UPSTREAM_READ_TIMEOUT_S: u64 = 600;
 /// `[upstream] max_connections` when omitted.
 pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = 64;
 
@@ -43,8 +47,12 @@ pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = 64;
 pub struct UpstreamConfig {
     /// The upstream's base URL, as an OpenAI client's `base_url` (`http://host:port/v1`).
     pub url: String,
-    /// The longest wait for the upstream's answer to start, and between two of its chunks.
+    /// The longest wait for the upstream's answer to start: a free slot, the connection,
+    /// its status and headers.
     pub timeout_s: u64,
+    /// `read_timeout_s`: the longest the upstream may stay silent once the request is
+    /// sent: before its status and headers (a 504), and between two chunks of its body.
+    pub read_timeout_s: u64,
     /// The most requests in flight to the upstream at once.
     pub max_connections: u64,
     /// `ca_file`: PEM certificates trusted for an `https://` upstream besides the usual
@@ -143,6 +151,8 @@ pub struct Config {
     pub session_memory_mb: u64,
     /// `[upstream]`: the proxy's upstream, if configured.
     pub upstream: Option<UpstreamConfig>,
+    /// `[server]`: the session service's connections (its defaults when absent).
+    pub server: ServerConfig,
     /// `[summarizer]`: the endpoint behind the plugins' `summarize` service, if configured.
     pub summarizer: Option<SummarizerConfig>,
     pub agent_max_ctx: u64,
@@ -356,6 +366,7 @@ impl Config {
                 "token_cache_entries",
                 "session_memory_mb",
                 "upstream",
+                "server",
                 "summarizer",
                 "history",
                 "models",
@@ -399,7 +410,11 @@ impl Config {
             None => None,
             Some(table) => {
                 let place = "[upstream]";
-                reader.refuse_unknown(table, place, &["url", "timeout_s", "max_connections", "ca_file"])?;
+                reader.refuse_unknown(
+                    table,
+                    place,
+                    &["url", "timeout_s", "read_timeout_s", "max_connections", "ca_file"],
+                )?;
                 let url = match reader.string(table, "url", place)? {
                     Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
                         url.trim_end_matches('/').to_string()
@@ -428,6 +443,9 @@ impl Config {
                     timeout_s: reader
                         .integer(table, "timeout_s", place, 1)?
                         .unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_S),
+                    read_timeout_s: reader
+                        .integer(table, "read_timeout_s", place, 1)?
+                        .unwrap_or(DEFAULT_UPSTREAM_READ_TIMEOUT_S),
                     max_connections: reader
                         .integer(table, "max_connections", place, 1)?
                         .unwrap_or(DEFAULT_UPSTREAM_MAX_CONNECTIONS),
@@ -561,6 +579,11 @@ impl Config {
             }
         }
 
+        let server = match reader.table(root, "server", "the top level")? {
+            Some(table) => server::read(&reader, table)?,
+            None => ServerConfig::default(),
+        };
+
         let summarizer = match reader.table(root, "summarizer", "the top level")? {
             Some(table) => Some(summarizer::read(&reader, root, table)?),
             None => None,
@@ -648,6 +671,7 @@ impl Config {
             token_cache_entries,
             session_memory_mb,
             upstream,
+            server,
             summarizer,
             agent_max_ctx,
             chain,
@@ -1078,6 +1102,7 @@ mod tests {
             Some(UpstreamConfig {
                 url: "http://127.0.0.1:8000/v1".to_string(),
                 timeout_s: DEFAULT_UPSTREAM_TIMEOUT_S,
+                read_timeout_s: DEFAULT_UPSTREAM_READ_TIMEOUT_S,
                 max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
                 ca_file: None,
             })

@@ -7,6 +7,7 @@
 
 mod app;
 mod auth;
+mod conn;
 mod proxy;
 mod resent;
 mod routes;
@@ -16,7 +17,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use history_sessions::{Options, Service};
 
 pub use auth::operator_token;
@@ -80,7 +80,8 @@ pub struct ServeOptions {
 }
 
 /// Runs the service until SIGTERM or Ctrl-C: then it stops accepting, lets running
-/// requests (and so running turns) finish, and returns. Prints `listening on ADDR` on
+/// requests (and so running turns) finish within `[server] shutdown_grace_s`, answers the
+/// rest 503, and returns (docs/http-api.md#connections). Prints `listening on ADDR` on
 /// stdout once bound. An error is one line: the configuration, the store, the token, the
 /// address.
 pub fn serve(options: ServeOptions) -> Result<(), String> {
@@ -90,7 +91,11 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
         .thread_name("history-serve")
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    runtime.block_on(run(options))
+    let result = runtime.block_on(run(options));
+    // A turn still on a blocking thread past the drain was answered 503; its store write
+    // is one transaction, so the process need not wait for it (docs/http-api.md#stopping).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result
 }
 
 async fn run(options: ServeOptions) -> Result<(), String> {
@@ -157,21 +162,18 @@ async fn run(options: ServeOptions) -> Result<(), String> {
         tracing::warn!("hot reload is off: {e}");
     }
     let shutting_down = service.clone();
-    // No Nagle delay on the clients' connections: a proxied stream's chunks and a small
-    // answer after its headers go out at once (docs/proxy.md#performance).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down: no new requests; running turns finish");
-            shutting_down.shut_down();
-        })
-        .await
-        .map_err(|e| format!("the server failed: {e}"))?;
+    let limits = conn::Limits::new(&config.server);
+    tracing::info!(
+        "connections: at most {} open; header_timeout_s {}, body_timeout_s {}, shutdown_grace_s {}",
+        limits.max_connections,
+        limits.header_timeout.as_secs(),
+        limits.body_timeout.as_secs(),
+        limits.grace.as_secs()
+    );
+    conn::serve(listener, app, limits, shutdown_signal(), move || {
+        shutting_down.shut_down()
+    })
+    .await;
     reaper.abort();
     tracing::info!("stopped");
     Ok(())

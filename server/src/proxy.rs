@@ -390,21 +390,22 @@ fn tls_error(message: String) -> OpenAiError {
     )
 }
 
-fn timeout_error(timeout: Duration) -> OpenAiError {
+fn timeout_error(timeout: Duration, key: &str) -> OpenAiError {
     OpenAiError::new(
         StatusCode::GATEWAY_TIMEOUT,
         "upstream_error",
         "upstream_timeout",
         format!(
-            "the upstream did not answer within {} s (timeout_s)",
+            "the upstream did not answer within {} s ([upstream] {key})",
             timeout.as_secs()
         ),
     )
 }
 
 /// Sends a request upstream and passes its answer back as it comes: status and headers
-/// once they arrive (within `timeout_s`), then each chunk of the body as soon as it is
-/// read (at most `timeout_s` apart; a longer gap ends the body).
+/// once they arrive (within `timeout_s`, and `read_timeout_s` once the request is sent),
+/// then each chunk of the body as soon as it is read (at most `read_timeout_s` apart; a
+/// longer gap ends the body).
 async fn forward(
     upstream: &Upstream,
     method: Method,
@@ -438,15 +439,26 @@ async fn forward(
             .acquire_owned()
             .await
             .map_err(unreachable_error)?;
-        let response = upstream.client.request(request).await.map_err(|e| {
-            // The chain of causes says why (refused, reset, an untrusted certificate, …).
-            let why = unreachable(&e);
-            if why.tls {
-                tls_error(why.message)
-            } else {
-                unreachable_error(why.message)
-            }
-        })?;
+        // Once a slot is held, the upstream may stay silent at most `read_timeout_s`.
+        let read_timeout = upstream.read_timeout;
+        let response = tokio::time::timeout(read_timeout, upstream.client.request(request))
+            .await
+            .map_err(|_| {
+                tracing::warn!(
+                    "proxy: upstream {uri} sent no answer within {} s (read_timeout_s)",
+                    read_timeout.as_secs()
+                );
+                timeout_error(read_timeout, "read_timeout_s")
+            })?
+            .map_err(|e| {
+                // The chain of causes says why (refused, reset, an untrusted certificate, …).
+                let why = unreachable(&e);
+                if why.tls {
+                    tls_error(why.message)
+                } else {
+                    unreachable_error(why.message)
+                }
+            })?;
         Ok::<_, OpenAiError>((permit, response))
     })
     .await;
@@ -454,7 +466,7 @@ async fn forward(
         Ok(answer) => answer?,
         Err(_) => {
             tracing::warn!("proxy: upstream {uri} timed out after {} s", timeout.as_secs());
-            return Err(timeout_error(timeout));
+            return Err(timeout_error(timeout, "timeout_s"));
         }
     };
     let (parts, incoming) = response.into_parts();
@@ -464,6 +476,7 @@ async fn forward(
             out = out.header(name, value);
         }
     }
+    let timeout = upstream.read_timeout;
     let stream = futures_util::stream::unfold(
         Some((incoming, permit)),
         move |state: Option<(hyper::body::Incoming, OwnedSemaphorePermit)>| async move {

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode};
-use history_engine::config::{UpstreamConfig, DEFAULT_UPSTREAM_MAX_CONNECTIONS, DEFAULT_UPSTREAM_TIMEOUT_S};
+use history_engine::config::{
+    UpstreamConfig, DEFAULT_UPSTREAM_MAX_CONNECTIONS, DEFAULT_UPSTREAM_READ_TIMEOUT_S,
+    DEFAULT_UPSTREAM_TIMEOUT_S,
+};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -31,6 +34,7 @@ pub fn resolve(
             ..configured.cloned().unwrap_or(UpstreamConfig {
                 url: String::new(),
                 timeout_s: DEFAULT_UPSTREAM_TIMEOUT_S,
+                read_timeout_s: DEFAULT_UPSTREAM_READ_TIMEOUT_S,
                 max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
                 ca_file: None,
             })
@@ -53,6 +57,8 @@ pub struct Upstream {
     /// The base URL, without a trailing `/`.
     pub(crate) base: String,
     pub(crate) timeout: Duration,
+    /// `read_timeout_s`: the longest silence once the request is sent.
+    pub(crate) read_timeout: Duration,
     /// One permit per request in flight upstream (`max_connections`).
     pub(crate) permits: Arc<Semaphore>,
 }
@@ -77,6 +83,7 @@ impl Upstream {
             client,
             base: config.url.trim_end_matches('/').to_string(),
             timeout: Duration::from_secs(config.timeout_s),
+            read_timeout: Duration::from_secs(config.read_timeout_s),
             permits: Arc::new(Semaphore::new(config.max_connections as usize)),
         })
     }
@@ -246,9 +253,14 @@ impl ModelClient {
         let mut answer = String::new();
         let mut plain = Vec::new();
         loop {
-            let frame = tokio::time::timeout(timeout, body.frame())
+            let frame = tokio::time::timeout(self.upstream.read_timeout, body.frame())
                 .await
-                .map_err(|_| format!("{uri}: the answer stalled past {} s", timeout.as_secs()))?;
+                .map_err(|_| {
+                    format!(
+                        "{uri}: the answer stalled past {} s (read_timeout_s)",
+                        self.upstream.read_timeout.as_secs()
+                    )
+                })?;
             let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| format!("{uri}: the answer broke off: {e}"))?;
             let Ok(data) = frame.into_data() else { continue };
@@ -331,6 +343,7 @@ mod tests {
         let configured = UpstreamConfig {
             url: "http://a/v1".into(),
             timeout_s: 5,
+            read_timeout_s: 5,
             max_connections: 2,
             ca_file: None,
         };

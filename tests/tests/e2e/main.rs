@@ -10,6 +10,7 @@ mod agentctl;
 mod agentctl_plugins;
 mod bad_input;
 mod config_errors;
+mod connections;
 mod deadline;
 mod dedupe;
 mod default_plugin;
