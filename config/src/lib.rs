@@ -277,6 +277,25 @@ impl Reader<'_> {
         }
     }
 
+    /// An `http://` or `https://` base URL, its trailing `/` dropped; anything else an error
+    /// naming the key. `None` when the key is missing.
+    fn http_url(&self, table: &Table, key: &str, place: &str) -> Result<Option<String>, ConfigError> {
+        match self.string(table, key, place)? {
+            None => Ok(None),
+            Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                Ok(Some(url.trim_end_matches('/').to_string()))
+            }
+            Some(url) => Err(self.key_error(
+                table,
+                key,
+                format!(
+                    "`{key}` in {place} must be an http:// or https:// URL, found \"{}\"",
+                    echo::bare(url)
+                ),
+            )),
+        }
+    }
+
     fn string<'t>(&self, table: &'t Table, key: &str, place: &str) -> Result<Option<&'t str>, ConfigError> {
         match table.get(key) {
             None => Ok(None),
@@ -415,28 +434,13 @@ impl Config {
                     place,
                     &["url", "timeout_s", "read_timeout_s", "max_connections", "ca_file"],
                 )?;
-                let url = match reader.string(table, "url", place)? {
-                    Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
-                        url.trim_end_matches('/').to_string()
-                    }
-                    Some(url) => {
-                        return Err(reader.key_error(
-                            table,
-                            "url",
-                            format!(
-                                "`url` in {place} must be an http:// or https:// URL, found \"{}\"",
-                                echo::bare(url)
-                            ),
-                        ))
-                    }
-                    None => {
-                        return Err(reader.error(
-                            table.span(),
-                            format!(
+                let Some(url) = reader.http_url(table, "url", place)? else {
+                    return Err(reader.error(
+                        table.span(),
+                        format!(
                             "{place} needs `url` (the upstream's base URL, e.g. http://127.0.0.1:8000/v1)"
                         ),
-                        ))
-                    }
+                    ));
                 };
                 Some(UpstreamConfig {
                     url,

@@ -57,26 +57,11 @@ pub(super) fn read(
         PLACE,
         &["url", "model", "api_key_env", "timeout_ms", "max_chars_in"],
     )?;
-    let url = match reader.string(table, "url", PLACE)? {
-        Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
-            url.trim_end_matches('/').to_string()
-        }
-        Some(url) => {
-            return Err(reader.key_error(
-                table,
-                "url",
-                format!(
-                    "`url` in {PLACE} must be an http:// or https:// URL, found \"{}\"",
-                    echo::bare(url)
-                ),
-            ))
-        }
-        None => {
-            return Err(reader.error(
-                at.clone(),
-                format!("{PLACE} needs `url` (the endpoint's base URL, e.g. http://127.0.0.1:8000/v1)"),
-            ))
-        }
+    let Some(url) = reader.http_url(table, "url", PLACE)? else {
+        return Err(reader.error(
+            at.clone(),
+            format!("{PLACE} needs `url` (the endpoint's base URL, e.g. http://127.0.0.1:8000/v1)"),
+        ));
     };
     let model = match reader.string(table, "model", PLACE)? {
         Some(model) if !model.trim().is_empty() => model.to_string(),
