@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use history_bench::{generate_messages, median, quantile};
 use history_engine::chain::stateless_context;
 use history_engine::{load_chain, turns, Call, Chain, Config};
-use plugin_api::wire::{history_from_str, history_to_string, parse_history};
+use history_wire::chat::{history_from_str, history_to_string, parse_history};
 use plugin_api::{Message, RArc};
 use serde_json::{json, Value};
 

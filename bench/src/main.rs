@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 use history_bench::{fan_out, generate, generate_messages, median, quantile, split_turns, to_json_text};
 use history_engine::chain::stateless_context;
 use history_engine::{load_chain, tokens, turns, Call, Catalog, Chain, Config};
-use plugin_api::wire::parse_history;
+use history_wire::chat::parse_history;
 use plugin_api::{Message, ModelInfo, RArc, Tokenizer};
 use serde_json::{json, Value};
 

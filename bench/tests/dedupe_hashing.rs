@@ -8,7 +8,7 @@
 use e2e_tests::TestConfig;
 use history_bench::{generate, hashing};
 use history_engine::{load_chain, Chain};
-use plugin_api::wire::parse_history;
+use history_wire::chat::parse_history;
 use plugin_api::Role;
 use serde_json::Value;
 

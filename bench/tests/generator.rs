@@ -3,8 +3,8 @@
 
 use history_bench::{fan_out, generate, generate_messages, split_turns, to_json_text};
 use history_engine::tokens::count_text;
+use history_wire::chat::parse_history;
 use plugin_api::structure::Faults;
-use plugin_api::wire::parse_history;
 use plugin_api::{Role, Tokenizer};
 use serde_json::Value;
 

@@ -8,7 +8,7 @@ use e2e_tests::TestConfig;
 use history_bench::{generate, split_turns, token_item_bytes};
 use history_engine::chain::stateless_context;
 use history_engine::{load_chain, tokens, turns, Call};
-use plugin_api::wire::parse_history;
+use history_wire::chat::parse_history;
 use plugin_api::{Message, RArc};
 use serde_json::Value;
 

@@ -784,7 +784,7 @@ impl SharedChain {
 
 /// The previous turn's sent history, which `prefix_kept` (docs/plugins.md#token_budget)
 /// is measured against: the index of the first message of a history whose bytes (compact
-/// JSON, [`plugin_api::wire::message_to_string`]) differ from the previous one's. A
+/// JSON, [`history_wire::chat::message_to_string`]) differ from the previous one's. A
 /// message past either end differs; two equal histories give their length.
 ///
 /// Bytes are compared only where they must be: a message that is the previous one itself
@@ -813,8 +813,8 @@ impl<'a> PreviousSent<'a> {
             .take_while(|((message, previous), bytes)| {
                 std::ptr::eq::<Message>(&***message, &***previous)
                     || ***message == ***previous
-                    || *bytes.get_or_init(|| plugin_api::wire::message_to_string(previous))
-                        == plugin_api::wire::message_to_string(message)
+                    || *bytes.get_or_init(|| history_wire::chat::message_to_string(previous))
+                        == history_wire::chat::message_to_string(message)
             })
             .count()
     }
@@ -833,7 +833,7 @@ mod tests {
 
     #[test]
     fn prefix_kept_is_the_first_index_whose_bytes_differ() {
-        let parse = |json: &str| plugin_api::wire::history_from_str(json).unwrap();
+        let parse = |json: &str| history_wire::chat::history_from_str(json).unwrap();
         let history = parse(
             r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]"#,
         );

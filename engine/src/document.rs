@@ -9,8 +9,8 @@
 use std::cell::RefCell;
 use std::fmt;
 
+use history_wire::chat::{parse_message, ShapeError};
 use plugin_api::echo;
-use plugin_api::wire::{parse_message, ShapeError};
 use plugin_api::{Message, RArc};
 use serde::de::{self, DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;

@@ -101,7 +101,7 @@ pub fn expand(history: &mut [RArc<Message>], target: Target<'_>, turn: u64) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::wire::{history_from_str, history_to_string};
+    use history_wire::chat::{history_from_str, history_to_string};
 
     #[test]
     fn errors_name_the_message_and_leave_the_history_alone() {

@@ -415,7 +415,7 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
     // The same fault on every model is one problem, naming the models.
     let mut faults = SampleFaults::default();
     for model in config.models_for_validation() {
-        let history = match plugin_api::wire::history_from_str(SAMPLE_HISTORY) {
+        let history = match history_wire::chat::history_from_str(SAMPLE_HISTORY) {
             Ok(history) => history,
             Err(err) => {
                 return (
@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn the_sample_history_is_valid_and_well_formed() {
-        let history = plugin_api::wire::history_from_str(SAMPLE_HISTORY).unwrap();
+        let history = history_wire::chat::history_from_str(SAMPLE_HISTORY).unwrap();
         assert_eq!(history.len(), 6);
         let faults = plugin_api::structure::Faults::of(&history);
         assert_eq!(faults.count(), 0, "{:?}", faults.describe(&history));

@@ -175,7 +175,7 @@ pub fn history_tokens(tokenizer: Tokenizer, history: &[RArc<Message>]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::wire::history_from_str;
+    use history_wire::chat::history_from_str;
 
     #[test]
     fn real_encodings_and_chars4_count_items_separately() {

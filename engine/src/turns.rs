@@ -108,7 +108,7 @@ pub(crate) fn assign_origins(history: &mut [RArc<Message>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::wire::history_from_str;
+    use history_wire::chat::history_from_str;
 
     fn turns(json: &str, current: Option<u64>) -> Vec<u64> {
         let mut history = history_from_str(json).unwrap();

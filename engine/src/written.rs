@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::sync::OnceLock;
 
-use plugin_api::wire::write_message;
+use history_wire::chat::write_message;
 use plugin_api::{Message, RArc};
 use rustc_hash::FxHasher;
 
@@ -30,7 +30,7 @@ pub const MAX_ENTRIES: usize = 65_536;
 pub const MAX_BYTES: usize = 64 << 20;
 
 /// Appends `history` to `out` as compact JSON text, as
-/// `plugin_api::wire::history_to_string` writes it. The messages of `history` that are
+/// `history_wire::chat::history_to_string` writes it. The messages of `history` that are
 /// also in `lasting` (the working history a session keeps for its next turn) are
 /// remembered; the others (made for this answer by a view stage) are written and
 /// forgotten, so they do not crowd out what comes again.
@@ -96,7 +96,7 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::wire::history_from_str;
+    use history_wire::chat::history_from_str;
 
     const JSON: &str = r#"[{"role":"user","content":"a\nb","metadata":{"id":"m1","turn_added":1}},{"role":"tool","tool_call_id":"c","content":"[Omitted]","metadata":{"omitted":true,"original_content":"long"}}]"#;
 
@@ -113,13 +113,13 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(
                 written(&memory, &history, &history),
-                plugin_api::wire::history_to_string(&history)
+                history_wire::chat::history_to_string(&history)
             );
         }
         assert_eq!(written(&memory, &history[..0], &history), "[]");
         let mut out = String::new();
         write_history(&mut out, &history, &history);
-        assert_eq!(out, plugin_api::wire::history_to_string(&history));
+        assert_eq!(out, history_wire::chat::history_to_string(&history));
     }
 
     #[test]
@@ -133,7 +133,7 @@ mod tests {
         RArc::make_mut(&mut changed[0]).content = plugin_api::Content::Text("c".into());
         assert_eq!(
             written(&memory, &changed, &changed),
-            plugin_api::wire::history_to_string(&changed)
+            history_wire::chat::history_to_string(&changed)
         );
         assert_eq!(memory.len(), 3);
         // Its turn and identity are not written: a copy with only its turn changed is
@@ -149,7 +149,7 @@ mod tests {
         let memory = Memory::default();
         let history = history_from_str(JSON).unwrap();
         let out = written(&memory, &history, &history[..1]);
-        assert_eq!(out, plugin_api::wire::history_to_string(&history));
+        assert_eq!(out, history_wire::chat::history_to_string(&history));
         assert_eq!(memory.len(), 1);
     }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use history_engine::document::parse_document;
 use history_engine::tokens;
 use history_engine::Config;
-use plugin_api::wire::{history_to_string, parse_history};
+use history_wire::chat::{history_to_string, parse_history};
 use plugin_api::{Message, RArc, Tokenizer};
 
 /// A target: its name (its corpus folder) and the function that checks one input.
@@ -171,7 +171,7 @@ fn check_history(history: &[RArc<Message>]) {
     }
 }
 
-/// The wire format's message array (`plugin_api::wire::parse_history`).
+/// The wire format's message array (`history_wire::chat::parse_history`).
 pub fn wire_messages(data: &[u8]) {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;

@@ -383,7 +383,7 @@ fn expanded_text(result: &serde_json::Value) -> String {
 }
 
 fn message(value: serde_json::Value) -> RArc<Message> {
-    RArc::new(plugin_api::wire::parse_message(&value).expect("a well-formed message"))
+    RArc::new(history_wire::chat::parse_message(&value).expect("a well-formed message"))
 }
 
 /// The model name asked upstream: `--upstream-model`, else the session's model. `default`

@@ -19,7 +19,7 @@ use history_engine::document::parse_document;
 use history_engine::expand::{expand as expand_message, Target};
 use history_engine::output::{error_line, ExitGuard, Output, USAGE_STATUS, WRITE_FAILED_STATUS};
 use history_engine::{load_chain, logging, stateless_context, turns, Config};
-use plugin_api::wire::write_message;
+use history_wire::chat::write_message;
 use plugin_api::{Message, RArc};
 
 const PROGRAM: &str = "history-host";

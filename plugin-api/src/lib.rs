@@ -124,7 +124,7 @@
 //!   refuses every plugin built before it.
 //! - The root module ([`PluginMod`]) is frozen, even at its end: a host whose root module
 //!   grew would refuse every plugin built before it.
-//! - Changes that cross nothing (helpers, [`wire`], [`structure`], [`naming`], [`echo`],
+//! - Changes that cross nothing (helpers, [`faithful`], [`structure`], [`naming`], [`echo`],
 //!   docs) are patch releases too.
 //!
 //! The workspace's end-to-end tests keep a plugin built against the previous release (a
@@ -154,13 +154,12 @@ pub mod config;
 pub mod context;
 pub mod echo;
 pub mod event;
+pub mod faithful;
 pub mod message;
 pub mod naming;
 pub mod plugin;
 pub mod structure;
-pub mod testing;
 pub mod text;
-pub mod wire;
 
 pub use abi_stable::std_types::{RArc, ROption, RResult, RSlice, RStr, RString, RVec};
 

@@ -61,7 +61,7 @@ impl Role {
 /// field, …) only ever takes a form the parser itself keeps: `null`, or a value of a type
 /// the field does not hold; it is written only while the typed field is unset. A member
 /// in any other form, or a key kept twice in one list, is refused by the host's output
-/// check and never written (`wire::check_faithful`).
+/// check and never written (`faithful::check_faithful`).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct Member {

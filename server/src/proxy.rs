@@ -180,7 +180,7 @@ pub async fn chat_completions(
     };
     // The sent history written once, straight to JSON text (no Value in between), as a
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
-    let sent = plugin_api::wire::provider_history_to_string(&run.history);
+    let sent = history_wire::chat::provider_history_to_string(&run.history);
     let body = forwarded_body(&body.members, &sent);
     drop(bytes);
 

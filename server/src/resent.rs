@@ -12,7 +12,7 @@
 use std::hash::{BuildHasher, BuildHasherDefault};
 
 use history_engine::bounded::BoundedMap;
-use plugin_api::wire::{parse_message, ShapeError};
+use history_wire::chat::{parse_message, ShapeError};
 use plugin_api::{Message, RArc};
 use rustc_hash::FxHasher;
 use serde_json::value::RawValue;

@@ -251,7 +251,7 @@ pub(crate) fn turn_body(bytes: &[u8]) -> Result<(TurnInput, HistoryForm)> {
     };
     let messages = match body.get("messages") {
         None => return Err(ApiError::bad_input("missing \"messages\"")),
-        Some(value) => plugin_api::wire::parse_history(value)
+        Some(value) => history_wire::chat::parse_history(value)
             .map_err(|e| ApiError::bad_input(format!("messages: {e}")))?,
     };
     if messages.is_empty() {

@@ -131,7 +131,7 @@ fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
 }
 
 /// The host's `metadata` off the messages sent upstream, as the proxy sends them
-/// (`plugin_api::wire::provider_history_to_string`): a provider refuses members it does
+/// (`history_wire::chat::provider_history_to_string`): a provider refuses members it does
 /// not know.
 fn strip_metadata(sent: &mut Value) {
     for message in sent.as_array_mut().into_iter().flatten() {

@@ -33,7 +33,7 @@ impl HistoryForm {
 
 /// A message as its JSON value.
 pub fn message_json(message: &plugin_api::Message) -> Value {
-    serde_json::from_str(&plugin_api::wire::message_to_string(message)).unwrap_or(Value::Null)
+    serde_json::from_str(&history_wire::chat::message_to_string(message)).unwrap_or(Value::Null)
 }
 
 /// A history as a JSON array.
@@ -44,8 +44,8 @@ pub fn history_json(history: &[plugin_api::RArc<plugin_api::Message>]) -> Value 
 /// A history as a JSON array in `form`.
 pub fn history_json_as(history: &[plugin_api::RArc<plugin_api::Message>], form: HistoryForm) -> Value {
     let text = match form {
-        HistoryForm::Full => plugin_api::wire::history_to_string(history),
-        HistoryForm::Provider => plugin_api::wire::provider_history_to_string(history),
+        HistoryForm::Full => history_wire::chat::history_to_string(history),
+        HistoryForm::Provider => history_wire::chat::provider_history_to_string(history),
     };
     serde_json::from_str(&text).unwrap_or(Value::Null)
 }
@@ -130,7 +130,7 @@ pub fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
     out.push_str(",\"history\":");
     match form {
         HistoryForm::Full => history_engine::written::write_history(&mut out, &run.history, &run.working),
-        HistoryForm::Provider => out.push_str(&plugin_api::wire::provider_history_to_string(&run.history)),
+        HistoryForm::Provider => out.push_str(&history_wire::chat::provider_history_to_string(&run.history)),
     }
     out.push(',');
     out.push_str(&tail[1..]);

@@ -382,7 +382,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..300 {
             let text = history().new_tree(&mut runner).unwrap().current();
-            let history = plugin_api::wire::history_from_str(&text)
+            let history = history_wire::chat::history_from_str(&text)
                 .unwrap_or_else(|e| panic!("generated bad input ({e:?}): {text}"));
             let faults = plugin_api::structure::Faults::of(&history);
             if !faults.orphan_results.is_empty() {

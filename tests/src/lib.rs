@@ -147,7 +147,7 @@ impl TestConfig {
     /// with model `model` at `turn` (default: the number of user messages).
     pub fn run(&self, model: &str, history_json: &str, turn: Option<u64>) -> Result<ChainRun, PluginFailure> {
         let (config, _catalog, chain) = load_chain(&self.path).unwrap_or_else(|e| panic!("{e}"));
-        let history = plugin_api::wire::history_from_str(history_json).unwrap();
+        let history = history_wire::chat::history_from_str(history_json).unwrap();
         let turn = history_engine::turns::current_turn(&history, turn);
         let ctx = stateless_context(&config, config.model(model), turn);
         chain.run(history, &ctx, Call::Process)
@@ -164,8 +164,8 @@ impl TestConfig {
         previous_json: &str,
     ) -> Result<ChainRun, PluginFailure> {
         let (config, _catalog, chain) = load_chain(&self.path).unwrap_or_else(|e| panic!("{e}"));
-        let history = plugin_api::wire::history_from_str(history_json).unwrap();
-        let previous = plugin_api::wire::history_from_str(previous_json).unwrap();
+        let history = history_wire::chat::history_from_str(history_json).unwrap();
+        let previous = history_wire::chat::history_from_str(previous_json).unwrap();
         let turn = history_engine::turns::current_turn(&history, None);
         let ctx = stateless_context(&config, config.model(model), turn);
         chain.run_compared(history, &ctx, Call::Process, Some(&previous))
@@ -202,7 +202,7 @@ pub fn json(text: &str) -> serde_json::Value {
 
 /// The messages of a chain run as JSON values.
 pub fn run_json(run: &ChainRun) -> serde_json::Value {
-    json(&plugin_api::wire::history_to_string(&run.history))
+    json(&history_wire::chat::history_to_string(&run.history))
 }
 
 /// Stdout and stderr of a finished command, for assertion messages.

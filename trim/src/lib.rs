@@ -232,7 +232,7 @@ pub fn apply(history: &[RArc<Message>], plan: Option<Plan>, ctx: &Context, why: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::wire::history_from_str;
+    use history_wire::chat::history_from_str;
 
     fn history(n_pairs: usize) -> Vec<RArc<Message>> {
         let mut items = vec![r#"{"role":"system","content":"s"}"#.to_string()];

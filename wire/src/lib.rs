@@ -4,5 +4,8 @@
 //! change byte for byte as it came.
 //!
 //! No I/O: the server reads bodies and talks to upstreams; this crate only converts.
-//! The OpenAI chat format still lives in `plugin_api::wire` while it moves here
-//! (issue #25 item 2).
+//!
+//! - [`chat`]: the OpenAI chat format, which is also the host's own format (documents,
+//!   the session API, the transcript).
+
+pub mod chat;

@@ -65,14 +65,21 @@ pub fn new_plugin(root: &Path, name: &str, dir: Option<&Path>) -> Result<PathBuf
     std::fs::create_dir_all(crate_dir.join("src"))
         .map_err(|e| format!("cannot create {}: {e}", crate_dir.display()))?;
 
-    let (api_path, workspace_table) = if standalone {
-        let api = root.join("plugin-api").display().to_string();
+    // `plugin-testing` (the host's output check and histories from JSON for the plugin's
+    // own tests) sits beside `plugin-api` in the workspace.
+    let (api_path, testing_path, workspace_table) = if standalone {
+        let path = |dir: &str| toml_edit::Value::from(root.join(dir).display().to_string()).to_string();
         (
-            toml_edit::Value::from(api).to_string(),
+            path("plugin-api"),
+            path("plugin-testing"),
             "\n# Not a member of the history-host workspace.\n[workspace]\n",
         )
     } else {
-        ("\"../../plugin-api\"".to_string(), "")
+        (
+            "\"../../plugin-api\"".to_string(),
+            "\"../../plugin-testing\"".to_string(),
+            "",
+        )
     };
     let package_settings = package_settings(root, standalone);
     let manifest = format!(
@@ -88,6 +95,9 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 plugin-api = {{ path = {api_path} }}
+
+[dev-dependencies]
+plugin-testing = {{ path = {testing_path} }}
 {workspace_table}"#
     );
     let source = LIB_TEMPLATE
@@ -167,7 +177,7 @@ plugin_api::export_plugin!(__TYPE__);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::testing;
+    use plugin_testing as testing;
 
     #[test]
     fn passes_the_history_through_shared() {
@@ -229,6 +239,8 @@ mod tests {
         assert_eq!(package["license"]["workspace"].as_bool(), Some(true));
         let dependency = &manifest(&crate_dir)["dependencies"]["plugin-api"];
         assert_eq!(dependency["path"].as_str(), Some("../../plugin-api"));
+        let testing = &manifest(&crate_dir)["dev-dependencies"]["plugin-testing"];
+        assert_eq!(testing["path"].as_str(), Some("../../plugin-testing"));
         assert!(manifest(&crate_dir).get("workspace").is_none());
 
         let members: Vec<String> = manifest(root.path())["workspace"]["members"]

@@ -492,7 +492,7 @@ mod tests {
             {"id":"c2","function":{}}]},
           {"role":"tool","tool_call_id":"c1","name":"f","content":"r"}
         ]"#;
-        let history = plugin_api::wire::history_from_str(json).unwrap();
+        let history = history_wire::chat::history_from_str(json).unwrap();
         for (i, message) in history.iter().enumerate() {
             let mut message = (**message).clone();
             message.turn = 7 + i as u64;
@@ -501,15 +501,15 @@ mod tests {
             assert_eq!(back, message, "message {i}");
             assert_eq!((back.turn, back.origin()), (message.turn, message.origin()));
             assert_eq!(
-                plugin_api::wire::message_to_string(&back),
-                plugin_api::wire::message_to_string(&message)
+                history_wire::chat::message_to_string(&back),
+                history_wire::chat::message_to_string(&message)
             );
         }
     }
 
     #[test]
     fn broken_bytes_are_refused_not_trusted() {
-        let message = plugin_api::wire::history_from_str(r#"[{"role":"user","content":"hello"}]"#).unwrap();
+        let message = history_wire::chat::history_from_str(r#"[{"role":"user","content":"hello"}]"#).unwrap();
         let mut encoder = Encoder::default();
         encoder.message(&message[0]);
         for cut in 0..encoder.bytes.len() {

@@ -197,7 +197,7 @@ impl HashMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::wire::history_from_str;
+    use history_wire::chat::history_from_str;
 
     fn results(n: usize, chars: usize) -> Vec<RArc<Message>> {
         let json: Vec<String> = (0..n)

@@ -514,7 +514,7 @@ mod tests {
     #[test]
     fn bad_config_names_the_key() {
         let err = |config: &str| {
-            Retention::new(&plugin_api::testing::load_context(config))
+            Retention::new(&plugin_testing::load_context(config))
                 .err()
                 .unwrap()
                 .to_string()

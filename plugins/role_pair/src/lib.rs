@@ -449,8 +449,8 @@ plugin_api::export_plugin!(RolePair);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::testing::{context, load_context};
-    use plugin_api::wire::{history_from_str, history_to_string};
+    use history_wire::chat::{history_from_str, history_to_string};
+    use plugin_testing::{context, load_context};
 
     fn run(config: &str, history: &str) -> Output {
         let plugin = RolePair::new(&load_context(config)).unwrap();

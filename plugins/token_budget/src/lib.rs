@@ -227,8 +227,8 @@ plugin_api::export_plugin!(TokenBudget);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plugin_api::testing::{context, load_context};
-    use plugin_api::wire::history_from_str;
+    use history_wire::chat::history_from_str;
+    use plugin_testing::{context, load_context};
 
     fn plugin(config: &str) -> Result<TokenBudget, ConfigError> {
         TokenBudget::new(&load_context(config))
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn budget_is_max_tokens_or_context_minus_reserve() {
-        let model = plugin_api::testing::model(10);
+        let model = plugin_testing::model(10);
         assert_eq!(plugin("{}").unwrap().budget(&model), 128_000 - 4096);
         assert_eq!(
             plugin(r#"{"reserve_tokens": 1000}"#).unwrap().budget(&model),

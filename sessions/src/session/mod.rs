@@ -5,7 +5,7 @@
 
 use history_engine::expand::{self, Target};
 use history_engine::{stateless_context, turns, Call, Chain, ChainRun, Config};
-use plugin_api::wire::{message_to_string, parse_message};
+use history_wire::chat::{message_to_string, parse_message};
 use plugin_api::{Context, Event, Message, ModelInfo, RArc, ROption, Role};
 use serde_json::Value;
 

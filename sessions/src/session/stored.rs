@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use history_engine::turns;
-use plugin_api::wire::{message_to_string, parse_message};
+use history_wire::chat::{message_to_string, parse_message};
 use plugin_api::{Message, RArc, Tokenizer};
 use serde_json::Value;
 

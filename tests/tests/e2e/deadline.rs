@@ -42,7 +42,7 @@ fn a_call_past_the_deadline_is_skipped_and_the_plugin_quarantined() {
     // In one process: the first run times out, later runs do not call the plugin.
     let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
     let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
-    let history = || plugin_api::wire::history_from_str(HISTORY).unwrap();
+    let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
     let started = Instant::now();
     let run = chain.run(history(), &ctx, Call::Process).unwrap();
     assert!(started.elapsed() < BOUND);
@@ -87,7 +87,7 @@ fn a_quarantined_required_plugin_fails_every_later_call() {
     std::fs::write(&config.path, text).unwrap();
     let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
     let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
-    let history = || plugin_api::wire::history_from_str(HISTORY).unwrap();
+    let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
     let failure = chain.run(history(), &ctx, Call::Process).unwrap_err();
     assert!(
         failure.message.contains("did not return within 300 ms"),

@@ -155,7 +155,7 @@ fn a_model_switch_applies_the_new_window_at_once() {
         "[history]\nagent_max_ctx = 100\non_plugin_error = \"fail\"\n[models.big]\nmax_context = 100\n[models.small]\nmax_context = 2\n",
     );
     let (loaded, _catalog, chain) = load_chain(&config.path).unwrap();
-    let history = plugin_api::wire::history_from_str(CHAT).unwrap();
+    let history = history_wire::chat::history_from_str(CHAT).unwrap();
     let old = loaded.model("big");
     let new = loaded.model("small");
     let ctx = stateless_context(&loaded, new.clone(), 3);
@@ -170,7 +170,7 @@ fn passed_through_messages_cross_the_boundary_shared_not_copied() {
     let config = TestConfig::new("[history]\nagent_max_ctx = 100\non_plugin_error = \"fail\"\n");
     let (loaded, _catalog, chain) = load_chain(&config.path).unwrap();
     let ctx = stateless_context(&loaded, loaded.model("default"), 3);
-    let history = plugin_api::wire::history_from_str(CHAT).unwrap();
+    let history = history_wire::chat::history_from_str(CHAT).unwrap();
     // The first run gives messages their identity and turn (as a session stores them).
     let first = chain.run(history, &ctx, Call::Process).unwrap();
     let second = chain.run(first.history.clone(), &ctx, Call::Process).unwrap();

@@ -3,7 +3,7 @@
 
 use e2e_tests::{describe, json, run_json, TestConfig};
 use history_engine::expand::{expand, ExpandError, Target};
-use plugin_api::wire::message_to_string;
+use history_wire::chat::message_to_string;
 use serde_json::{json as j, Value};
 
 fn config(chain: &str, tables: &str) -> TestConfig {
@@ -43,7 +43,7 @@ fn a_compacted_message_expands_back_to_its_original_content() {
     assert_eq!(event.index.into_option(), Some(2));
     assert_eq!(event.id.as_ref().into_option().map(|s| s.as_str()), Some("r1"));
     assert_eq!(event.turn, 3);
-    let out = json(&plugin_api::wire::history_to_string(&working));
+    let out = json(&history_wire::chat::history_to_string(&working));
     assert_eq!(
         out[2]["content"], input[2]["content"],
         "parts restored as they were"
@@ -80,7 +80,7 @@ fn an_omitted_tool_result_expands_back_and_after_compaction_to_the_real_original
     let mut working = run.history.clone();
     expand(&mut working, Target::ByIndex(4), 3).unwrap();
     expand(&mut working, Target::ByIndex(2), 3).unwrap();
-    let out = json(&plugin_api::wire::history_to_string(&working));
+    let out = json(&history_wire::chat::history_to_string(&working));
     assert_eq!(out[4]["content"], "second result");
     assert_eq!(out[4]["metadata"]["omitted"], false);
     assert_eq!(out[2]["content"], input[2]["content"]);
@@ -96,7 +96,7 @@ fn expanding_what_cannot_be_expanded_is_a_clear_error() {
     );
     let run = config.run("c4", &history().to_string(), Some(1)).unwrap();
     let mut working = run.history.clone();
-    let before = plugin_api::wire::history_to_string(&working);
+    let before = history_wire::chat::history_to_string(&working);
     let err = |working: &mut Vec<_>, target| expand(working, target, 1).unwrap_err().to_string();
     assert_eq!(
         err(&mut working, Target::ByIndex(5)),
@@ -113,7 +113,7 @@ fn expanding_what_cannot_be_expanded_is_a_clear_error() {
     );
     // A message that was never shortened.
     assert!(err(&mut working, Target::ByIndex(1)).starts_with("cannot expand message 1"));
-    assert_eq!(plugin_api::wire::history_to_string(&working), before);
+    assert_eq!(history_wire::chat::history_to_string(&working), before);
 }
 
 fn units(n: usize) -> Vec<Value> {

@@ -44,7 +44,7 @@ fn real_conversations_through_the_full_chain_under_a_tight_budget() {
     let config = shipped_config_with_a_tight_model();
     let (mut tokens_before, mut tokens_after) = (0u64, 0u64);
     for (name, text) in real_conversations() {
-        let input = plugin_api::wire::history_from_str(&text).unwrap();
+        let input = history_wire::chat::history_from_str(&text).unwrap();
         let run = config
             .run("tight", &text, None)
             .unwrap_or_else(|e| panic!("{name}: {e}"));

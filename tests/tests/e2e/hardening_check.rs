@@ -11,7 +11,8 @@
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
 use e2e_tests::{agentctl, describe, json, plugin_dir, real_conversations, TestConfig};
-use plugin_api::wire::{check_faithful, history_from_str};
+use history_wire::chat::history_from_str;
+use plugin_api::faithful::check_faithful;
 
 const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
     {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"search","arguments":"{}"}}]},

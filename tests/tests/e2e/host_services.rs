@@ -6,10 +6,10 @@
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with_installed};
 use e2e_tests::{describe, json, run_json, TestConfig};
 use history_engine::{host_api_version, Catalog};
+use history_wire::chat::history_from_str;
 use plugin_api::abi_stable::abi_stability::abi_checking::check_layout_compatibility;
 use plugin_api::abi_stable::library::lib_header_from_path;
 use plugin_api::abi_stable::StableAbi;
-use plugin_api::wire::history_from_str;
 use plugin_api::{PluginModRef, Tokenizer};
 
 const HISTORY: &str = r#"[{"role":"system","content":"You are terse."},

@@ -140,7 +140,7 @@ fn an_isolated_plugin_runs_in_a_worker_with_the_hosts_services() {
     let out = json(&String::from_utf8_lossy(&output.stdout));
     let first = out[0]["content"].as_str().unwrap();
     // The tokens the worker counted are the host's count of the same content.
-    let history = plugin_api::wire::history_from_str(HISTORY).unwrap();
+    let history = history_wire::chat::history_from_str(HISTORY).unwrap();
     let tokens: u64 = history
         .iter()
         .map(|m| history_engine::tokens::message_tokens(plugin_api::Tokenizer::Chars4, m, 0))
@@ -167,7 +167,7 @@ fn an_isolated_plugin_runs_in_a_worker_with_the_hosts_services() {
     assert!(chain.stages[1].is_isolated() && !chain.stages[0].is_isolated());
     assert_eq!(chain.stages[1].version, "0.1.0");
     let ctx = stateless_context(&loaded, loaded.model("default"), 1);
-    let history = || plugin_api::wire::history_from_str(HISTORY).unwrap();
+    let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
     let run = chain.run(history(), &ctx, Call::Process).unwrap();
     let pid = tagged_pid(run.history[0].content.text().as_str());
     assert_ne!(pid, std::process::id());
@@ -180,7 +180,7 @@ fn an_isolated_plugin_runs_in_a_worker_with_the_hosts_services() {
         pid,
         "the idle worker serves the next call"
     );
-    let faulting = plugin_api::wire::history_from_str(FAULTING).unwrap();
+    let faulting = history_wire::chat::history_from_str(FAULTING).unwrap();
     let failure = chain
         .run(faulting, &ctx, Call::ModelSwitch { old: &old, new: &new })
         .unwrap_err();
@@ -274,12 +274,13 @@ fn isolated_shipped_plugins_give_byte_identical_output_on_real_conversations() {
     assert!(conversations.len() >= 4);
     for (name, text) in &conversations {
         for model in ["default", "local-8k", "gpt-4-turbo"] {
-            let history = || plugin_api::wire::history_from_str(text).unwrap();
+            let history = || history_wire::chat::history_from_str(text).unwrap();
             let turn = history_engine::turns::current_turn(&history(), None);
             let ctx = stateless_context(&config, config.model(model), turn);
             let a = direct.run(history(), &ctx, Call::Process).unwrap();
             let b = workers.run(history(), &ctx, Call::Process).unwrap();
-            let bytes = |h: &[plugin_api::RArc<plugin_api::Message>]| plugin_api::wire::history_to_string(h);
+            let bytes =
+                |h: &[plugin_api::RArc<plugin_api::Message>]| history_wire::chat::history_to_string(h);
             assert_eq!(bytes(&b.history), bytes(&a.history), "{name} {model}: sent");
             assert_eq!(bytes(&b.working), bytes(&a.working), "{name} {model}: working");
             for (x, y) in a.stages.iter().zip(&b.stages) {
@@ -417,7 +418,7 @@ fn every_event_kind_crosses_the_workers_pipe_as_in_process() {
         let a = in_process.run("c4", &text, None).unwrap();
         let b = isolated.run("c4", &text, None).unwrap();
         let bytes = |h: &[plugin_api::RArc<plugin_api::Message>]| {
-            without_pid(&plugin_api::wire::history_to_string(h))
+            without_pid(&history_wire::chat::history_to_string(h))
         };
         assert_eq!(bytes(&b.history), bytes(&a.history));
         assert!(!bytes(&b.history).contains("SECRET"), "redacted in the worker");

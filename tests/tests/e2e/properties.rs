@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use e2e_tests::histories::history;
 use e2e_tests::{json, run_json, TestConfig};
 use history_engine::ChainRun;
-use plugin_api::wire::history_to_string;
+use history_wire::chat::history_to_string;
 use plugin_api::{EventKind, Tokenizer};
 use proptest::prelude::*;
 use serde_json::Value;
@@ -219,7 +219,7 @@ fn tokens(run: &ChainRun) -> u64 {
 }
 
 fn input_tokens(input: &str) -> u64 {
-    plugin_api::wire::history_from_str(input)
+    history_wire::chat::history_from_str(input)
         .unwrap()
         .iter()
         .map(|m| history_engine::tokens::message_tokens(Tokenizer::Chars4, m, 3))

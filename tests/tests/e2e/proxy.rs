@@ -12,7 +12,7 @@ use e2e_tests::server::{agent, shipped_config, Answer, Server};
 use e2e_tests::upstream::{Behaviour, TlsIdentity, Upstream};
 use e2e_tests::{json, real_data_dir, target_dir, workspace_root, TestConfig};
 use history_engine::{load_chain, stateless_context, turns, Call};
-use plugin_api::wire::{history_from_str, history_to_string, provider_history_to_string};
+use history_wire::chat::{history_from_str, history_to_string, provider_history_to_string};
 use serde_json::{json as j, Value};
 
 /// The virtualenv's interpreter, with the `openai` client installed.

@@ -396,7 +396,7 @@ fn the_sessions_override_wins_over_the_config_and_can_disable() {
     let input = action_result_history();
     let run = |session: ExpirationOverride, turn: u64| {
         let (cfg, _catalog, chain) = load_chain(&config.path).unwrap();
-        let history = plugin_api::wire::history_from_str(&input.to_string()).unwrap();
+        let history = history_wire::chat::history_from_str(&input.to_string()).unwrap();
         let mut ctx = stateless_context(&cfg, cfg.model("c4"), turn);
         ctx.expiration_override = ROption::RSome(session);
         run_json(&chain.run(history, &ctx, Call::Process).unwrap())

@@ -4,7 +4,7 @@
 
 use e2e_tests::{json, run_json, TestConfig};
 use history_engine::ChainRun;
-use plugin_api::wire::history_to_string;
+use history_wire::chat::history_to_string;
 use plugin_api::EventKind;
 use serde_json::Value;
 

@@ -7,8 +7,8 @@ use e2e_tests::server::{shipped_config, split_turns, with_stamps, Server};
 use e2e_tests::store::{Kind, TestStore};
 use e2e_tests::{json, real_conversations, TestConfig};
 use history_engine::{load_chain, stateless_context, Call};
+use history_wire::chat::{history_from_str, history_to_string};
 use plugin_api::structure::Faults;
-use plugin_api::wire::{history_from_str, history_to_string};
 use serde_json::{json as j, Value};
 
 /// Messages of a working history past the pinned ones (leading system messages and the

@@ -78,7 +78,7 @@ fn fed_back_turn_by_turn_the_summary_runs_forward_and_stays_one() {
                 summarized_turns += 1;
             }
             assert!(tokens(&out, &ctx) <= 12_000, "turn {turn}");
-            working = serde_json::from_str(&plugin_api::wire::history_to_string(&out)).unwrap();
+            working = serde_json::from_str(&history_wire::chat::history_to_string(&out)).unwrap();
         }
         assert!(summarized_turns > 10, "the summary was made and carried forward");
     });

@@ -290,7 +290,7 @@ tokenizer = "chars4"
     let (cfg, _catalog, chain) = load_chain(&config.path).unwrap();
     let old = cfg.model("wide");
     let new = cfg.model("narrow");
-    let history = plugin_api::wire::history_from_str(&input).unwrap();
+    let history = history_wire::chat::history_from_str(&input).unwrap();
     let ctx = stateless_context(&cfg, new.clone(), 4);
     let out = chain
         .run(history, &ctx, Call::ModelSwitch { old: &old, new: &new })
@@ -466,7 +466,7 @@ fn langchain_trim_messages_agrees_except_where_the_spec_differs() {
         let input = case["history"].to_string();
         let budget = case["max_tokens"].as_u64().unwrap();
         // The same counter on both sides: the host's chars4 total equals the script's.
-        let parsed = plugin_api::wire::history_from_str(&input).unwrap();
+        let parsed = history_wire::chat::history_from_str(&input).unwrap();
         let total: u64 = parsed
             .iter()
             .map(|m| history_engine::tokens::message_tokens(Tokenizer::Chars4, m, 3))

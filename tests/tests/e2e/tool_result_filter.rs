@@ -324,7 +324,7 @@ fn placeholders_are_byte_stable_across_turns() {
     // the full transcript again. The replaced result's bytes never change.
     let config = config("keep = 2");
     let bytes =
-        |run: &history_engine::ChainRun, i: usize| plugin_api::wire::message_to_string(&run.history[i]);
+        |run: &history_engine::ChainRun, i: usize| history_wire::chat::message_to_string(&run.history[i]);
     let first = config.run("c4", &agent_history(4).to_string(), Some(7)).unwrap();
     let mut next = run_json(&first);
     let more = agent_history(5);

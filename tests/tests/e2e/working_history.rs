@@ -39,7 +39,7 @@ fn turn_messages(turn: u64) -> Vec<RArc<Message>> {
             {{"role":"assistant","content":"Read file_{turn}.rs."}}]"#,
         body = "x".repeat(200)
     );
-    plugin_api::wire::history_from_str(&json).unwrap()
+    history_wire::chat::history_from_str(&json).unwrap()
 }
 
 /// Replays `turns` turns, feeding the working history back each turn; returns the pinned
@@ -48,7 +48,7 @@ fn turn_messages(turn: u64) -> Vec<RArc<Message>> {
 fn replay(config: &TestConfig, turns_to_run: u64) -> Vec<RArc<Message>> {
     let (config, _, chain) = load_chain(&config.path).unwrap();
     let model = config.model("local-8k");
-    let task = plugin_api::wire::history_from_str(
+    let task = history_wire::chat::history_from_str(
         r#"[{"role":"system","content":"You are a coding agent."},
             {"role":"user","content":"Fix the failing test in the parser crate."}]"#,
     )
@@ -80,10 +80,10 @@ fn replay(config: &TestConfig, turns_to_run: u64) -> Vec<RArc<Message>> {
 fn the_pinned_task_stays_the_same_when_the_working_history_is_fed_back() {
     let config = shipped_config(None);
     let tasks = replay(&config, 200);
-    let first = plugin_api::wire::message_to_string(&tasks[0]);
+    let first = history_wire::chat::message_to_string(&tasks[0]);
     for (turn, task) in tasks.iter().enumerate() {
         assert_eq!(
-            plugin_api::wire::message_to_string(task),
+            history_wire::chat::message_to_string(task),
             first,
             "turn {}: the pinned task changed",
             turn + 1
@@ -120,8 +120,8 @@ fn process_writes_the_working_history_with_working_out() {
         &input,
     );
     assert!(output.status.success(), "{}", e2e_tests::describe(&output));
-    let sent = plugin_api::wire::history_from_str(std::str::from_utf8(&output.stdout).unwrap()).unwrap();
-    let kept = plugin_api::wire::history_from_str(&std::fs::read_to_string(&working).unwrap()).unwrap();
+    let sent = history_wire::chat::history_from_str(std::str::from_utf8(&output.stdout).unwrap()).unwrap();
+    let kept = history_wire::chat::history_from_str(&std::fs::read_to_string(&working).unwrap()).unwrap();
     // role_pair (the view) repairs only what is sent: the working history may keep the
     // pinned task beside the next user message, the sent one never does.
     assert!(!kept.is_empty() && !sent.is_empty());

@@ -8,8 +8,8 @@
 use history_engine::check::check_output;
 use history_engine::Catalog;
 use history_engine::{services, turns};
+use history_wire::chat::{history_from_str, history_to_string};
 use plugin_api::structure::Faults;
-use plugin_api::wire::{history_from_str, history_to_string};
 use plugin_api::{
     Context, LoadContext, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice, Tokenizer,
 };

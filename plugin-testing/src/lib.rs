@@ -4,7 +4,7 @@
 //! sensible values.
 //!
 //! ```
-//! use plugin_api::{testing, HistoryPlugin, LoadContext, ConfigError, Context, Message, Output, RArc};
+//! use plugin_api::{HistoryPlugin, LoadContext, ConfigError, Context, Message, Output, RArc};
 //! # struct Mine;
 //! # impl HistoryPlugin for Mine {
 //! #     const NAME: &'static str = "mine";
@@ -13,6 +13,7 @@
 //! #     fn new(_: &LoadContext) -> Result<Self, ConfigError> { Ok(Mine) }
 //! #     fn process(&self, h: &[RArc<Message>], _: &Context) -> Result<Output, String> { Ok(Output::unchanged(h)) }
 //! # }
+//! use plugin_testing as testing;
 //! let history = testing::history(r#"[{"role":"user","content":"hi"}]"#);
 //! let plugin = Mine::new(&testing::load_context("{}")).unwrap();
 //! // Err (with the host's own words) for an output the host would refuse.
@@ -30,19 +31,21 @@ use abi_stable::{
     std_types::{RErr, ROption, RResult, RStr, RString, RVec},
 };
 
-use crate::context::{Context, HostServices, HostServicesRef, LoadContext, LogLevel, ModelInfo, Tokenizer};
-use crate::event::Output;
-use crate::message::Message;
-use crate::plugin::HistoryPlugin;
-use crate::structure::Faults;
-use crate::RArc;
+use plugin_api::context::{
+    Context, HostServices, HostServicesRef, LoadContext, LogLevel, ModelInfo, Tokenizer,
+};
+use plugin_api::event::Output;
+use plugin_api::message::Message;
+use plugin_api::plugin::HistoryPlugin;
+use plugin_api::structure::Faults;
+use plugin_api::RArc;
 
 /// A history as the host hands it to a plugin: `json` (the wire format) parsed, each
 /// message given its identity (what tells the host a changed copy from an invented
 /// message). Panics on JSON the host would refuse, naming the problem.
 pub fn history(json: &str) -> Vec<RArc<Message>> {
     let mut history =
-        crate::wire::history_from_str(json).unwrap_or_else(|err| panic!("testing::history: {err}"));
+        history_wire::chat::history_from_str(json).unwrap_or_else(|err| panic!("testing::history: {err}"));
     for (index, message) in history.iter_mut().enumerate() {
         RArc::make_mut(message).set_origin(index as u64 + 1);
     }
@@ -53,7 +56,7 @@ pub fn history(json: &str) -> Vec<RArc<Message>> {
 /// structural fault the input did not have (a call left without its result, a result
 /// answering no call), nothing invented, no message twice, no role changed. `Err` carries
 /// the message the host would report for this plugin (`invalid output: output message 1:
-/// …`). This is the host's own code ([`crate::check`]), not a copy.
+/// …`). This is the host's own code (`plugin_api::check`), not a copy.
 ///
 /// `input` must be numbered as the host numbers it: build it with [`history`].
 pub fn check(input: &[RArc<Message>], output: &[RArc<Message>]) -> Result<(), String> {
@@ -61,11 +64,11 @@ pub fn check(input: &[RArc<Message>], output: &[RArc<Message>]) -> Result<(), St
     if input.iter().any(|m| m.origin() == 0 || !seen.insert(m.origin())) {
         return Err(
             "testing::check: the input's messages have no identities; build it with \
-                    plugin_api::testing::history (the host numbers every message before the chain)"
+                    plugin_testing::history (the host numbers every message before the chain)"
                 .into(),
         );
     }
-    crate::check::check_stage(input, Faults::of(input).count(), output).map(|_| ())
+    plugin_api::check::check_stage(input, Faults::of(input).count(), output).map(|_| ())
 }
 
 /// Calls `plugin.process(input, ctx)` and checks its output as the host would
@@ -94,7 +97,7 @@ extern "C" fn chars4_content(_: Tokenizer, message: &Message) -> u64 {
 extern "C" fn discard(_: LogLevel, _: RStr<'_>) {}
 
 extern "C" fn no_summarizer(_: RStr<'_>, _: u64, _: RStr<'_>) -> RResult<RString, RString> {
-    RErr("no summarizer in plugin_api::testing".into())
+    RErr("no summarizer in plugin_testing".into())
 }
 
 /// Holds the test services' static instance.
@@ -227,7 +230,7 @@ pub fn load_context(config_json: &str) -> LoadContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ConfigError, Content, Role};
+    use plugin_api::{ConfigError, Content, Role};
 
     /// A plugin that makes one mistake the host refuses, for the tests below.
     #[derive(Clone, Copy)]
@@ -305,7 +308,7 @@ mod tests {
         let unit_dropped = [numbered[0].clone(), numbered[3].clone()];
         assert!(check(&numbered, &unit_dropped).is_ok(), "a whole unit dropped");
         assert!(check(&numbered, &numbered).is_ok());
-        let unnumbered = crate::wire::history_from_str(HISTORY).unwrap();
+        let unnumbered = history_wire::chat::history_from_str(HISTORY).unwrap();
         assert!(check(&unnumbered, &unnumbered)
             .unwrap_err()
             .contains("testing::history"));
@@ -338,7 +341,7 @@ mod tests {
         ctx.log().info("dropped");
         assert_eq!(
             ctx.summarize("text", 2, "test"),
-            Err("no summarizer in plugin_api::testing".to_string())
+            Err("no summarizer in plugin_testing".to_string())
         );
     }
 }
