@@ -109,7 +109,7 @@ pub fn isolated(args: &[String]) -> Result<()> {
                 "overhead_us": round(us(worker.saturating_sub(direct)), 1),
                 "in_process_best_us": round(us(direct_best), 1),
                 "isolated_best_us": round(us(worker_best), 1),
-                "worker_starts": isolated.stages[1].worker_starts(),
+                "worker_starts": isolated.stages()[1].worker_starts(),
             }),
         );
     }

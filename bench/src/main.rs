@@ -224,7 +224,8 @@ fn load_bench(plugin_dir: &Path, max_tokens: Option<u64>, plugin_timeout_ms: Opt
     let file = plugin_dir.join("bench-plugins-enabled.toml");
     std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     let (config, catalog, chain) = load_chain(&file).map_err(|e| e.to_string())?;
-    let floor = Chain::repeated(&config, &catalog, "floor", chain.stages.len()).map_err(|e| e.to_string())?;
+    let floor =
+        Chain::repeated(&config, &catalog, "floor", chain.stages().len()).map_err(|e| e.to_string())?;
     let model = config.model("default");
     let mut strategies = Vec::new();
     for name in STRATEGIES.iter().filter(|name| catalog.has(name)) {
@@ -578,7 +579,7 @@ fn run(args: &[String]) -> Result<()> {
         } else {
             format!(" (not installed: {})", bench.missing.join(", "))
         },
-        bench.floor.stages.len()
+        bench.floor.stages().len()
     );
     if max_tokens.is_some() && !bench.max_tokens_applied {
         eprintln!("--max-tokens not applied: token_budget is not installed");
@@ -665,7 +666,7 @@ fn run(args: &[String]) -> Result<()> {
     let report = json!({
         "chain": bench.chain.names(),
         "not_installed": bench.missing,
-        "floor": format!("{} x floor (pass-through) through the same Chain::run", bench.floor.stages.len()),
+        "floor": format!("{} x floor (pass-through) through the same Chain::run", bench.floor.stages().len()),
         "config": {
             "agent_max_ctx": AGENT_MAX_CTX,
             "context_tokens": CONTEXT_TOKENS,

@@ -85,15 +85,15 @@ type CallResult = Result<plugin_api::Output, String>;
 pub struct Chain {
     /// `[history] ingest`: run on a turn's new messages before anything is stored
     /// ([`Chain::ingest`], docs/chain.md#ingest).
-    pub ingest: Vec<Stage>,
-    pub stages: Vec<Stage>,
-    pub view: Vec<Stage>,
-    pub on_error: OnPluginError,
+    pub(crate) ingest: Vec<Stage>,
+    pub(crate) stages: Vec<Stage>,
+    pub(crate) view: Vec<Stage>,
+    pub(crate) on_error: OnPluginError,
     /// `plugin_timeout_ms`, when not 0: each call runs on a helper thread of `calls`.
     deadline: Option<Duration>,
     calls: Pool<CallResult>,
     /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
-    pub required: Vec<String>,
+    pub(crate) required: Vec<String>,
 }
 
 /// Which entry point a run calls.
@@ -165,6 +165,26 @@ impl std::fmt::Display for PluginFailure {
 impl std::error::Error for PluginFailure {}
 
 impl Chain {
+    /// The chain's stages, in order (`[history] chain`).
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    /// The view stages, run after the chain on the sent history only (`[history] view`).
+    pub fn view_stages(&self) -> &[Stage] {
+        &self.view
+    }
+
+    /// The ingest stages, run on a turn's new messages (`[history] ingest`).
+    pub fn ingest_stages(&self) -> &[Stage] {
+        &self.ingest
+    }
+
+    /// What a plugin's fault does to the turn (`[history] on_plugin_error`).
+    pub fn on_error(&self) -> OnPluginError {
+        self.on_error
+    }
+
     /// Instantiates the configured chain from the discovered plugins. Every
     /// `[plugin.NAME]` table of an available plugin is validated by its plugin, in the
     /// chain or not (so `agentctl` can enable it safely); a table naming no available

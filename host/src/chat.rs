@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use history_engine::document::parse_document;
 use history_server::ModelClient;
-use history_sessions::answers::history_json;
-use history_sessions::{Command, Options, Service, TurnInput};
-use plugin_api::{Message, RArc};
+use history_sessions::{Command, CommandAnswer, Options, Service, TurnInput};
+use plugin_api::{Content, Message, Part, RArc};
 
 use crate::{explain, Failure};
 
@@ -280,7 +279,11 @@ impl Chat {
                     history_engine::summary::thousands(outcome.run.tokens_out),
                     outcome.run.working.len()
                 ));
-                Some(history_json(&outcome.run.history))
+                // As the proxy sends it: without the host's metadata.
+                serde_json::from_str(&history_wire::chat::provider_history_to_string(
+                    &outcome.run.history,
+                ))
+                .ok()
             }
             Err(e) => {
                 self.say(&format!("error: {}", e.message));
@@ -294,75 +297,107 @@ impl Chat {
             Ok(command) => command,
             Err(e) => return self.say(&format!("error: {}", e.message)),
         };
-        let history = command == Command::History;
-        let expand = matches!(command, Command::Expand(_));
         match self.service.command(&self.id, command).await {
-            Ok(result) if expand => {
-                let text = expanded_text(&result);
+            Ok(answer) => {
+                let text = answer_text(&answer);
                 self.say(text.trim_end());
-            }
-            Ok(result) if history => {
-                let lines = result["lines"].as_array().cloned().unwrap_or_default();
-                self.say(&format!("working history: {} messages", lines.len()));
-                for line in lines {
-                    self.say(line.as_str().unwrap_or(""));
-                }
-            }
-            Ok(mut result) => {
-                // The histories are long: say their size instead.
-                if let Some(history) = result.get("history").and_then(|h| h.as_array()).map(Vec::len) {
-                    result["history"] = serde_json::json!(format!("{history} messages"));
-                }
-                self.say(&format!("{line}: {result}"));
             }
             Err(e) => self.say(&format!("error: {}", e.message)),
         }
     }
 }
 
+/// A command's answer as a person reads it (the JSON form is the HTTP API's,
+/// docs/http-api.md, not the terminal's).
+fn answer_text(answer: &CommandAnswer) -> String {
+    let written = |yes: bool| {
+        if yes {
+            "written to the configuration"
+        } else {
+            "this run only"
+        }
+    };
+    match answer {
+        CommandAnswer::Model(outcome) => format!(
+            "model {} (was {}): effective_ctx {}, working history {} messages",
+            outcome.model.name.as_str(),
+            outcome.old,
+            outcome.model.effective_ctx,
+            outcome.run.working.len()
+        ),
+        CommandAnswer::MaxCtx {
+            agent_max_ctx,
+            written: yes,
+            sessions_updated,
+            effective_ctx,
+        } => format!(
+            "agent_max_ctx {agent_max_ctx} ({}): effective_ctx {effective_ctx}, {sessions_updated} sessions updated",
+            written(*yes)
+        ),
+        CommandAnswer::MaxUsers(value) => format!("max_users {value} ({})", written(true)),
+        CommandAnswer::SessionTimeout(minutes) => {
+            format!("session_idle_timeout_minutes {minutes} ({})", written(true))
+        }
+        CommandAnswer::Expand { index, message, event } => expanded_text(*index, message, event),
+        CommandAnswer::History { lines, .. } => {
+            let mut text = format!("working history: {} messages\n", lines.len());
+            for line in lines {
+                text.push_str(line);
+                text.push('\n');
+            }
+            text
+        }
+        CommandAnswer::Clear { working_size, .. } => {
+            format!("cleared: working history {working_size} messages")
+        }
+    }
+}
+
 /// `!expand`'s answer as a person reads it: which message came back and why, then its
-/// restored text (and tool calls), indented. The JSON form is the HTTP API's
-/// (docs/http-api.md), not the terminal's.
-fn expanded_text(result: &serde_json::Value) -> String {
-    let message = &result["message"];
-    let meta = &message["metadata"];
-    let mut about = vec![message["role"].as_str().unwrap_or("?").to_string()];
-    if let Some(turn) = meta["turn_added"].as_u64() {
+/// restored text (and tool calls), indented.
+fn expanded_text(index: usize, message: &Message, event: &plugin_api::Event) -> String {
+    let meta = message.meta();
+    let mut about = vec![message.role.as_str().to_string()];
+    if let Some(turn) = meta.and_then(|m| m.turn_added.into_option()) {
         about.push(format!("turn {turn}"));
     }
-    if let Some(id) = meta["id"].as_str() {
+    if let Some(id) = message.id() {
         about.push(format!("id {}", history_engine::echo::bare(id)));
     }
-    if let Some(call) = message["tool_call_id"].as_str() {
+    if let Some(call) = message.call_id() {
         about.push(format!("result of {}", history_engine::echo::bare(call)));
     }
+    let reason = match event.reason.as_str() {
+        "" => "expanded",
+        reason => reason,
+    };
     let mut text = format!(
-        "message {} expanded ({}): {}\n",
-        result["index"],
+        "message {index} expanded ({}): {}\n",
         about.join(", "),
-        history_engine::echo::line(result["event"]["reason"].as_str().unwrap_or("expanded"))
+        history_engine::echo::line(reason)
     );
-    let mut body = match &message["content"] {
-        serde_json::Value::String(content) => content.clone(),
-        serde_json::Value::Array(parts) => parts
+    let mut body = match &message.content {
+        Content::Null => String::new(),
+        Content::Text(content) => content.to_string(),
+        Content::Parts(parts) => parts
             .iter()
-            .map(|part| match part["text"].as_str() {
-                Some(text) => text.to_string(),
-                None => format!("[{} part]", part["type"].as_str().unwrap_or("non-text")),
+            .map(|part| match part {
+                Part::Text { text, .. } => text.to_string(),
+                Part::Opaque { json } => {
+                    let kind = serde_json::from_str::<serde_json::Value>(json)
+                        .ok()
+                        .and_then(|v| v["type"].as_str().map(str::to_string));
+                    format!("[{} part]", kind.as_deref().unwrap_or("non-text"))
+                }
             })
             .collect::<Vec<_>>()
             .join("\n"),
-        _ => String::new(),
     };
-    for call in message["tool_calls"].as_array().into_iter().flatten() {
-        let function = &call["function"];
-        let arguments = match &function["arguments"] {
-            serde_json::Value::String(text) => text.clone(),
-            other => other.to_string(),
-        };
+    for call in &message.tool_calls {
         body.push_str(&format!(
-            "\ncall {}({arguments})",
-            function["name"].as_str().unwrap_or("?")
+            "\ncall {}({})",
+            call.name.as_str(),
+            call.arguments.as_str()
         ));
     }
     for line in body.trim_start_matches('\n').lines() {

@@ -2,6 +2,9 @@
 
 use std::collections::HashMap;
 
+use crate::answers::{
+    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, HistoryForm,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -10,7 +13,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use history_sessions::answers::{history_json_as, switch_json, turn_json, HistoryForm};
 use history_sessions::{
     Command, ContextItem, ErrorKind, SessionError, StagePlace, TranscriptPage, TurnInput,
 };
@@ -211,7 +213,7 @@ async fn create(
 
 async fn list(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>> {
     operator(&app, &headers)?;
-    let sessions: Vec<Value> = app.service.list().await?.iter().map(|s| s.to_json()).collect();
+    let sessions: Vec<Value> = app.service.list().await?.iter().map(session_json).collect();
     Ok(Json(json!({"sessions": sessions})))
 }
 
@@ -305,7 +307,7 @@ async fn command(
     if command.is_host_wide() {
         operator(&app, &headers)?;
     }
-    Ok(Json(app.service.command(&id, command).await?))
+    Ok(Json(command_json(&app.service.command(&id, command).await?)))
 }
 
 /// `POST /v1/sessions/{id}/model`: the model.
@@ -407,7 +409,9 @@ async fn expand(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>> {
     let target = expand_body(&bytes(body)?)?;
-    Ok(Json(app.service.command(&id, Command::Expand(target)).await?))
+    Ok(Json(command_json(
+        &app.service.command(&id, Command::Expand(target)).await?,
+    )))
 }
 
 /// `POST /v1/sessions/{id}/expand`: the message to expand, by index or id.
@@ -461,7 +465,7 @@ async fn chain(State(app): State<App>) -> Json<Value> {
         "agent_max_ctx": report.agent_max_ctx,
         "max_users": report.max_users,
         "session_idle_timeout_minutes": report.session_idle_timeout_minutes,
-        "last_reload": report.last_reload.map(|last| last.to_json()),
+        "last_reload": report.last_reload.as_ref().map(last_reload_json),
     }))
 }
 

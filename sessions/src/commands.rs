@@ -1,7 +1,10 @@
 //! Runtime commands (docs/sessions.md#runtime-commands): typed in `chat` or sent to a
 //! session's command endpoint.
 
+use plugin_api::{Event, Message, RArc};
+
 use crate::error::SessionError;
+use crate::session::SwitchOutcome;
 
 /// One parsed command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +25,36 @@ pub enum Command {
     /// messages and the task, as `default` pins them); `/clear all` empties it. The
     /// transcript keeps everything either way.
     Clear { all: bool },
+}
+
+/// What a command did (docs/sessions.md#runtime-commands), as the service answers it:
+/// `server` renders it as the command endpoint's JSON, `history-host chat` as lines.
+pub enum CommandAnswer {
+    /// `!model`: the switch, with the working history the chain made of it.
+    Model(SwitchOutcome),
+    /// `!maxctx`: the new `agent_max_ctx`, whether it was written to the configuration,
+    /// how many live sessions changed window, and this session's window now.
+    MaxCtx {
+        agent_max_ctx: u64,
+        written: bool,
+        sessions_updated: usize,
+        effective_ctx: u64,
+    },
+    /// `!maxusers`, written to the configuration.
+    MaxUsers(u64),
+    /// `!sessiontimeout` in minutes, written to the configuration.
+    SessionTimeout(u64),
+    /// `!expand`: the working-history index, the restored message and the host's event.
+    Expand {
+        index: usize,
+        message: RArc<Message>,
+        event: Event,
+    },
+    /// `/history`: the working history's size and its one-line-per-message listing.
+    History { working_size: usize, lines: Vec<String> },
+    /// `/clear`: the working history's size after it and the transcript position it
+    /// was cleared at.
+    Clear { working_size: usize, cleared_at: u64 },
 }
 
 impl Command {

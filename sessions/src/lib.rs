@@ -11,7 +11,6 @@
 //! - [`reload`]: hot reload of the configuration and the chain (`Service::watch`);
 //! - [`metrics`]: the counters `/metrics` shows; [`clock`]: time stamps and session ids.
 
-pub mod answers;
 pub mod clock;
 pub mod commands;
 pub mod error;
@@ -21,7 +20,7 @@ pub mod service;
 pub mod session;
 pub mod store;
 
-pub use commands::Command;
+pub use commands::{Command, CommandAnswer};
 pub use error::{ErrorKind, SessionError};
 pub use service::{
     ChainReport, Options, Readiness, Service, SessionInfo, StageInfo, StagePlace, StartError, StatelessRun,

@@ -3,9 +3,6 @@
 //! thread (`super`) updates, so neither module imports the other both ways.
 
 use history_engine::reload::Fingerprint;
-use serde_json::{json, Value};
-
-use crate::clock::rfc3339;
 
 /// How the last reload went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,17 +11,6 @@ pub struct LastReload {
     pub at: u64,
     /// Why it was refused; `None` when the new chain serves.
     pub error: Option<String>,
-}
-
-impl LastReload {
-    /// As `GET /v1/chain` shows it: `{at, outcome, error}`.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "at": rfc3339(self.at),
-            "outcome": if self.error.is_none() { "ok" } else { "failed" },
-            "error": self.error,
-        })
-    }
 }
 
 /// What the running chain was loaded from, and the last reload.

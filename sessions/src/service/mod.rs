@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use history_engine::reload::{load_shadowed, Watcher};
 use history_engine::shadow::ShadowLibraries;
 use history_engine::{Config, SharedChain};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::clock::{new_session_id, now_ms, rfc3339};
+use crate::clock::{new_session_id, now_ms};
 use crate::error::{ErrorKind, SessionError};
 use crate::metrics::Metrics;
 use crate::reload::state::ReloadState;
@@ -76,20 +76,6 @@ impl SessionInfo {
             created_at: row.created_at,
             last_active: row.last_active,
         }
-    }
-
-    /// As JSON (times as RFC 3339).
-    pub fn to_json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "model": self.model,
-            "effective_ctx": self.effective_ctx,
-            "turn": self.turn,
-            "transcript_size": self.transcript_size,
-            "working_size": self.working_size,
-            "created_at": rfc3339(self.created_at),
-            "last_active": rfc3339(self.last_active),
-        })
     }
 }
 

@@ -44,9 +44,9 @@ impl Service {
         let chain = self.chain();
         let config = self.config();
         let places = [
-            (&chain.ingest, StagePlace::Ingest),
-            (&chain.stages, StagePlace::Chain),
-            (&chain.view, StagePlace::View),
+            (chain.ingest_stages(), StagePlace::Ingest),
+            (chain.stages(), StagePlace::Chain),
+            (chain.view_stages(), StagePlace::View),
         ];
         let stages = places
             .into_iter()
@@ -62,7 +62,7 @@ impl Service {
             .collect();
         ChainReport {
             stages,
-            on_plugin_error: chain.on_error.as_str(),
+            on_plugin_error: chain.on_error().as_str(),
             agent_max_ctx: config.agent_max_ctx,
             max_users: config.max_users,
             session_idle_timeout_minutes: config.session_idle_timeout_minutes,

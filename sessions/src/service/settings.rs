@@ -5,73 +5,74 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::{Service, Slot};
+use crate::commands::{Command, CommandAnswer};
+use crate::error::{ErrorKind, SessionError};
+use crate::store::StoreError;
 use history_engine::config::edit::{Edit, Refused};
 use history_engine::reload::config_hash;
 use history_engine::Config;
-use serde_json::{json, Value};
-
-use super::{Service, Slot};
-use crate::answers::{event_json, message_json, switch_json};
-use crate::commands::Command;
-use crate::error::{ErrorKind, SessionError};
-use crate::store::StoreError;
 
 impl Service {
     /// Runs a runtime command on session `id` (docs/sessions.md#runtime-commands).
-    pub async fn command(self: &Arc<Self>, id: &str, command: Command) -> Result<Value, SessionError> {
+    pub async fn command(
+        self: &Arc<Self>,
+        id: &str,
+        command: Command,
+    ) -> Result<CommandAnswer, SessionError> {
         self.refuse_if_shutting_down()?;
         self.find(id).await?;
         match command {
-            Command::Model(model) => {
-                let outcome = self.switch_model(id, model).await?;
-                Ok(switch_json(&outcome))
-            }
+            Command::Model(model) => Ok(CommandAnswer::Model(self.switch_model(id, model).await?)),
             Command::MaxCtx { value, temporary } => {
                 if !temporary {
                     self.edit_config(Edit::MaxCtx(value)).await?;
                 }
                 let updated = self.set_agent_max_ctx(value).await?;
-                Ok(json!({
-                    "agent_max_ctx": value,
-                    "written": !temporary,
-                    "sessions_updated": updated,
-                    "effective_ctx": self.info(id)?.effective_ctx,
-                }))
+                Ok(CommandAnswer::MaxCtx {
+                    agent_max_ctx: value,
+                    written: !temporary,
+                    sessions_updated: updated,
+                    effective_ctx: self.info(id)?.effective_ctx,
+                })
             }
             Command::MaxUsers(value) => {
                 self.edit_config(Edit::MaxUsers(value)).await?;
                 self.change_config(|c| c.max_users = value);
-                Ok(json!({"max_users": value, "written": true}))
+                Ok(CommandAnswer::MaxUsers(value))
             }
             Command::SessionTimeout(minutes) => {
                 self.edit_config(Edit::SessionTimeout(minutes)).await?;
                 self.change_config(|c| c.session_idle_timeout_minutes = minutes);
                 self.idle_timeout_ms.store(minutes * 60_000, Ordering::SeqCst);
-                Ok(json!({"session_idle_timeout_minutes": minutes, "written": true}))
+                Ok(CommandAnswer::SessionTimeout(minutes))
             }
             Command::Expand(target) => {
                 let (index, message, event) = self
                     .with_session(id, move |session, env| session.expand(env, &target))
                     .await?;
-                Ok(json!({
-                    "index": index,
-                    "message": message_json(&message),
-                    "event": event_json("host", &event),
-                }))
+                Ok(CommandAnswer::Expand {
+                    index,
+                    message,
+                    event,
+                })
             }
             Command::History => {
                 self.with_session(id, |session, _| {
-                    Ok(json!({
-                        "working_size": session.working().len(),
-                        "lines": session.history_lines(),
-                    }))
+                    Ok(CommandAnswer::History {
+                        working_size: session.working().len(),
+                        lines: session.history_lines(),
+                    })
                 })
                 .await
             }
             Command::Clear { all } => {
                 self.with_session(id, move |session, env| {
                     let working_size = session.clear(env, all)?;
-                    Ok(json!({"working_size": working_size, "cleared_at": session.row.cleared_at}))
+                    Ok(CommandAnswer::Clear {
+                        working_size,
+                        cleared_at: session.row.cleared_at,
+                    })
                 })
                 .await
             }

@@ -164,8 +164,8 @@ fn an_isolated_plugin_runs_in_a_worker_with_the_hosts_services() {
     // In this process: the plugin ran in another one, for `process` and `on_model_switch`.
     with_workers();
     let (loaded, _catalog, chain) = load_chain(&config.path).unwrap();
-    assert!(chain.stages[1].is_isolated() && !chain.stages[0].is_isolated());
-    assert_eq!(chain.stages[1].version, "0.1.0");
+    assert!(chain.stages()[1].is_isolated() && !chain.stages()[0].is_isolated());
+    assert_eq!(chain.stages()[1].version, "0.1.0");
     let ctx = stateless_context(&loaded, loaded.model("default"), 1);
     let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
     let run = chain.run(history(), &ctx, Call::Process).unwrap();
@@ -194,7 +194,7 @@ fn an_isolated_plugin_runs_in_a_worker_with_the_hosts_services() {
     // The next call starts a new worker.
     let run = chain.run(history(), &ctx, Call::Process).unwrap();
     assert_ne!(tagged_pid(run.history[0].content.text().as_str()), pid);
-    assert_eq!(chain.stages[1].worker_starts(), Some(2));
+    assert_eq!(chain.stages()[1].worker_starts(), Some(2));
 }
 
 #[test]
@@ -266,9 +266,9 @@ fn isolated_shipped_plugins_give_byte_identical_output_on_real_conversations() {
     let (config, _, direct) = load_chain(&in_process.path).unwrap();
     let (_, _, workers) = load_chain(&isolated.path).unwrap();
     assert!(workers
-        .stages
+        .stages()
         .iter()
-        .chain(&workers.view)
+        .chain(workers.view_stages())
         .all(|s| s.is_isolated()));
     let conversations = real_conversations();
     assert!(conversations.len() >= 4);

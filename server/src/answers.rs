@@ -1,17 +1,19 @@
 //! The JSON forms of what the service's operations give (docs/http-api.md): a turn's
-//! answer, a model switch's, messages, histories and events. The service's callers (the
-//! HTTP routes, the runtime commands) answer with these; the sent history of a turn is
-//! written straight as text (docs/sessions.md#answers).
+//! answer, a model switch's, a command's, a session's, messages, histories and events.
+//! The service answers in types; the routes render them here. The sent history of a turn
+//! is written straight as text (docs/sessions.md#answers).
 
+use history_sessions::clock::rfc3339;
+use history_sessions::reload::LastReload;
+use history_sessions::session::{SwitchOutcome, TurnOutcome};
+use history_sessions::{CommandAnswer, SessionInfo};
 use serde_json::{json, Value};
-
-use crate::session::{SwitchOutcome, TurnOutcome};
 
 /// The form a history is answered in (docs/http-api.md#forms): `full`, each message with
 /// the host's `metadata` (stamps, flags, the originals of omitted content), or `provider`,
 /// the messages as the proxy sends them upstream, which a provider accepts as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HistoryForm {
+pub(crate) enum HistoryForm {
     #[default]
     Full,
     Provider,
@@ -19,7 +21,7 @@ pub enum HistoryForm {
 
 impl HistoryForm {
     /// `"full"` or `"provider"`; anything else is an error naming both.
-    pub fn parse(name: &str) -> Result<HistoryForm, String> {
+    pub(crate) fn parse(name: &str) -> Result<HistoryForm, String> {
         match name {
             "full" => Ok(HistoryForm::Full),
             "provider" => Ok(HistoryForm::Provider),
@@ -32,17 +34,17 @@ impl HistoryForm {
 }
 
 /// A message as its JSON value.
-pub fn message_json(message: &plugin_api::Message) -> Value {
+pub(crate) fn message_json(message: &plugin_api::Message) -> Value {
     serde_json::from_str(&history_wire::chat::message_to_string(message)).unwrap_or(Value::Null)
 }
 
 /// A history as a JSON array.
-pub fn history_json(history: &[plugin_api::RArc<plugin_api::Message>]) -> Value {
+fn history_json(history: &[plugin_api::RArc<plugin_api::Message>]) -> Value {
     history_json_as(history, HistoryForm::Full)
 }
 
 /// A history as a JSON array in `form`.
-pub fn history_json_as(history: &[plugin_api::RArc<plugin_api::Message>], form: HistoryForm) -> Value {
+pub(crate) fn history_json_as(history: &[plugin_api::RArc<plugin_api::Message>], form: HistoryForm) -> Value {
     let text = match form {
         HistoryForm::Full => history_wire::chat::history_to_string(history),
         HistoryForm::Provider => history_wire::chat::provider_history_to_string(history),
@@ -51,7 +53,7 @@ pub fn history_json_as(history: &[plugin_api::RArc<plugin_api::Message>], form: 
 }
 
 /// An event as JSON, with the plugin that reported it.
-pub fn event_json(plugin: &str, event: &plugin_api::Event) -> Value {
+pub(crate) fn event_json(plugin: &str, event: &plugin_api::Event) -> Value {
     json!({
         "plugin": plugin,
         "kind": event.kind.as_str(),
@@ -64,7 +66,7 @@ pub fn event_json(plugin: &str, event: &plugin_api::Event) -> Value {
 }
 
 /// A model switch's result: `{model, effective_ctx, history}` (the working history).
-pub fn switch_json(outcome: &SwitchOutcome) -> Value {
+pub(crate) fn switch_json(outcome: &SwitchOutcome) -> Value {
     json!({
         "model": outcome.model.name.as_str(),
         "previous_model": outcome.old,
@@ -76,7 +78,7 @@ pub fn switch_json(outcome: &SwitchOutcome) -> Value {
 
 /// A turn's result as JSON text: `{turn, model, effective_ctx, history, working_size, events, stats, prefix_kept, input_faults}`,
 /// its sent history in `form`.
-pub fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
+pub(crate) fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
     let run = &outcome.run;
     let mut events = Vec::new();
     let mut stats = Vec::new();
@@ -135,4 +137,65 @@ pub fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
     out.push(',');
     out.push_str(&tail[1..]);
     out
+}
+
+/// A runtime command's answer (docs/http-api.md#commands).
+pub(crate) fn command_json(answer: &CommandAnswer) -> Value {
+    match answer {
+        CommandAnswer::Model(outcome) => switch_json(outcome),
+        CommandAnswer::MaxCtx {
+            agent_max_ctx,
+            written,
+            sessions_updated,
+            effective_ctx,
+        } => json!({
+            "agent_max_ctx": agent_max_ctx,
+            "written": written,
+            "sessions_updated": sessions_updated,
+            "effective_ctx": effective_ctx,
+        }),
+        CommandAnswer::MaxUsers(value) => json!({"max_users": value, "written": true}),
+        CommandAnswer::SessionTimeout(minutes) => {
+            json!({"session_idle_timeout_minutes": minutes, "written": true})
+        }
+        CommandAnswer::Expand {
+            index,
+            message,
+            event,
+        } => json!({
+            "index": index,
+            "message": message_json(message),
+            "event": event_json("host", event),
+        }),
+        CommandAnswer::History { working_size, lines } => {
+            json!({"working_size": working_size, "lines": lines})
+        }
+        CommandAnswer::Clear {
+            working_size,
+            cleared_at,
+        } => json!({"working_size": working_size, "cleared_at": cleared_at}),
+    }
+}
+
+/// A session as `GET /v1/sessions` lists it (times as RFC 3339).
+pub(crate) fn session_json(info: &SessionInfo) -> Value {
+    json!({
+        "id": info.id,
+        "model": info.model,
+        "effective_ctx": info.effective_ctx,
+        "turn": info.turn,
+        "transcript_size": info.transcript_size,
+        "working_size": info.working_size,
+        "created_at": rfc3339(info.created_at),
+        "last_active": rfc3339(info.last_active),
+    })
+}
+
+/// The last reload as `GET /v1/chain` shows it: `{at, outcome, error}`.
+pub(crate) fn last_reload_json(last: &LastReload) -> Value {
+    json!({
+        "at": rfc3339(last.at),
+        "outcome": if last.error.is_none() { "ok" } else { "failed" },
+        "error": last.error,
+    })
 }
