@@ -139,7 +139,7 @@ pub(crate) fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
     out
 }
 
-/// A runtime command's answer (docs/http-api.md#runtime-commands).
+/// A runtime command's answer (docs/sessions.md#runtime-commands, docs/http-api.md#endpoints).
 pub(crate) fn command_json(answer: &CommandAnswer) -> Value {
     match answer {
         CommandAnswer::Model(outcome) => switch_json(outcome),
