@@ -9,6 +9,8 @@ use crate::ConfigError;
 
 /// `[server] header_timeout_s` when omitted.
 pub const DEFAULT_HEADER_TIMEOUT_S: u64 = 10;
+/// `[server] idle_timeout_s` when omitted.
+pub const DEFAULT_IDLE_TIMEOUT_S: u64 = 60;
 /// `[server] body_timeout_s` when omitted.
 pub const DEFAULT_BODY_TIMEOUT_S: u64 = 30;
 /// `[server] shutdown_grace_s` when omitted.
@@ -17,10 +19,11 @@ pub const DEFAULT_SHUTDOWN_GRACE_S: u64 = 10;
 /// `[server]`, or its defaults when the file has none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// The longest a client may take to send a request's line and headers, counted from
-    /// when the server waits for it: on a kept-alive connection, from the previous answer,
-    /// so it is the idle timeout too (hyper's `header_read_timeout`).
+    /// The longest a client may take to send a request's line and headers: from its
+    /// first byte, or on a new connection from the accept.
     pub header_timeout_s: u64,
+    /// The longest a kept-alive connection may stay quiet after an answer.
+    pub idle_timeout_s: u64,
     /// The longest a client may take to send a request's body, from its headers on.
     pub body_timeout_s: u64,
     /// The most client connections open at once; 0: from the descriptor limit at start.
@@ -33,6 +36,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             header_timeout_s: DEFAULT_HEADER_TIMEOUT_S,
+            idle_timeout_s: DEFAULT_IDLE_TIMEOUT_S,
             body_timeout_s: DEFAULT_BODY_TIMEOUT_S,
             max_connections: 0,
             shutdown_grace_s: DEFAULT_SHUTDOWN_GRACE_S,
@@ -49,6 +53,7 @@ pub(super) fn read(reader: &Reader<'_>, table: &Table) -> Result<ServerConfig, C
         PLACE,
         &[
             "header_timeout_s",
+            "idle_timeout_s",
             "body_timeout_s",
             "max_connections",
             "shutdown_grace_s",
@@ -59,6 +64,9 @@ pub(super) fn read(reader: &Reader<'_>, table: &Table) -> Result<ServerConfig, C
         header_timeout_s: reader
             .integer(table, "header_timeout_s", PLACE, 1)?
             .unwrap_or(defaults.header_timeout_s),
+        idle_timeout_s: reader
+            .integer(table, "idle_timeout_s", PLACE, 1)?
+            .unwrap_or(defaults.idle_timeout_s),
         body_timeout_s: reader
             .integer(table, "body_timeout_s", PLACE, 1)?
             .unwrap_or(defaults.body_timeout_s),
@@ -83,13 +91,14 @@ mod tests {
     fn the_server_table_is_read_with_its_defaults_and_checked() {
         let parse = |text: &str| Config::parse(Path::new("/x/plugins-enabled.toml"), text.to_string());
         assert_eq!(parse("").unwrap().server, ServerConfig::default());
-        let server = parse("[server]\nheader_timeout_s = 2\nbody_timeout_s = 3\nmax_connections = 40\nshutdown_grace_s = 0\n")
+        let server = parse("[server]\nheader_timeout_s = 2\nidle_timeout_s = 7\nbody_timeout_s = 3\nmax_connections = 40\nshutdown_grace_s = 0\n")
             .unwrap()
             .server;
         assert_eq!(
             server,
             ServerConfig {
                 header_timeout_s: 2,
+                idle_timeout_s: 7,
                 body_timeout_s: 3,
                 max_connections: 40,
                 shutdown_grace_s: 0,

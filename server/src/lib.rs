@@ -165,9 +165,10 @@ async fn run(options: ServeOptions) -> Result<(), String> {
     let shutting_down = service.clone();
     let limits = conn::Limits::new(&config.server);
     tracing::info!(
-        "connections: at most {} open; header_timeout_s {}, body_timeout_s {}, shutdown_grace_s {}",
+        "connections: at most {} open; header_timeout_s {}, idle_timeout_s {}, body_timeout_s {}, shutdown_grace_s {}",
         limits.max_connections,
         limits.header_timeout.as_secs(),
+        limits.idle_timeout.as_secs(),
         limits.body_timeout.as_secs(),
         limits.grace.as_secs()
     );

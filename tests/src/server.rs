@@ -71,6 +71,15 @@ impl Server {
             .unwrap_or_else(|e| panic!("serve did not start: {e}"))
     }
 
+    /// Like [`Server::start`], the process's `RLIMIT_NOFILE` set to `nofile` (soft and
+    /// hard) by util-linux's `prlimit`, which execs `serve` in its place.
+    pub fn start_with_nofile(config: &Path, store: &Path, nofile: u64) -> Server {
+        let mut command = Command::new("prlimit");
+        command.arg(format!("--nofile={nofile}:{nofile}")).arg(host_bin());
+        Server::launch(command, config, store, &[], &["--listen", "127.0.0.1:0"])
+            .unwrap_or_else(|e| panic!("serve did not start under prlimit: {e}"))
+    }
+
     /// Like [`Server::start`] with other arguments; `Err(stderr)` when it exits instead.
     pub fn try_start(
         config: &Path,
@@ -78,7 +87,16 @@ impl Server {
         envs: &[(&str, &str)],
         args: &[&str],
     ) -> Result<Server, String> {
-        let mut command = Command::new(host_bin());
+        Server::launch(Command::new(host_bin()), config, store, envs, args)
+    }
+
+    fn launch(
+        mut command: Command,
+        config: &Path,
+        store: &Path,
+        envs: &[(&str, &str)],
+        args: &[&str],
+    ) -> Result<Server, String> {
         command
             .arg("serve")
             .arg("--config")

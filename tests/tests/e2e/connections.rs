@@ -1,6 +1,7 @@
 //! The connection layer of `history-host serve` (docs/http-api.md#connections): slow
-//! headers and slow bodies cut within their timeouts (a slow body answered 408), idle
-//! connections closed, a client past the connection cap answered 503 at once, SIGTERM
+//! headers and slow bodies cut within their timeouts (each answered 408), idle
+//! keep-alive connections closed after their own timeout, silent new ones after the
+//! header timeout, a client past the connection cap answered 503 at once, SIGTERM
 //! with slow connections open exiting 0 within `shutdown_grace_s`, and a stalled
 //! upstream answered 504 after `[upstream] read_timeout_s`. Raw sockets on loopback; every
 //! loop is bounded in count and time.
@@ -66,12 +67,13 @@ const SLOW_BODY: &[u8] =
 
 #[test]
 fn slow_headers_slow_bodies_and_idle_connections_are_closed_in_time_while_others_are_served() {
-    let config = TestConfig::new("[server]\nheader_timeout_s = 1\nbody_timeout_s = 2\n");
+    let config = TestConfig::new("[server]\nheader_timeout_s = 1\nidle_timeout_s = 3\nbody_timeout_s = 2\n");
     let server = start(&config);
     let mut clients = Vec::new();
-    for i in 0..30 {
+    for i in 0..40 {
         let mut stream = connect(&server);
-        let kind = match i % 3 {
+        let kind = match i % 4 {
+            3 => "silent",
             0 => {
                 stream.write_all(SLOW_HEADER).unwrap();
                 "header"
@@ -88,7 +90,7 @@ fn slow_headers_slow_bodies_and_idle_connections_are_closed_in_time_while_others
                 "idle"
             }
         };
-        let drip = kind != "idle";
+        let drip = kind == "header" || kind == "body";
         clients.push((
             kind,
             std::thread::spawn(move || watch(stream, drip, Duration::from_secs(10))),
@@ -120,10 +122,19 @@ fn slow_headers_slow_bodies_and_idle_connections_are_closed_in_time_while_others
                 assert!(seen.contains("\"request_timeout\""), "{kind}: {seen:?}");
                 assert!(seen.contains("body_timeout_s"), "{kind}: {seen:?}");
             }
-            _ => {
-                // Its answer, then closed once idle past the header timeout, with no other.
+            "idle" => {
+                // Its answer, then closed once idle past the idle timeout (not the shorter
+                // header timeout), with no other answer.
                 assert!(seen.starts_with("HTTP/1.1 200 "), "{kind}: {seen:?}");
                 assert_eq!(seen.matches("HTTP/1.1").count(), 1, "{kind}: {seen:?}");
+                assert!(
+                    closed > Duration::from_millis(2500) && closed < Duration::from_secs(6),
+                    "{kind}: {closed:?}"
+                );
+            }
+            _ => {
+                // Connected and said nothing: closed after the header timeout, no answer.
+                assert_eq!(seen, "", "{kind}");
                 assert!(closed < Duration::from_secs(3), "{kind}: {closed:?}");
             }
         }
@@ -208,6 +219,55 @@ fn at_the_connection_cap_a_new_client_is_answered_503_at_once() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(server.stderr().contains("at most 8 open"), "{}", server.stderr());
+}
+
+/// The case that once hung: `RLIMIT_NOFILE` 256 and 300 clients connected. The cap comes
+/// from the limit read at start, so the clients past it are answered 503 at once and every
+/// one gets an answer, while the first ones are still served.
+#[test]
+fn under_a_low_descriptor_limit_every_client_past_the_cap_is_answered_at_once() {
+    let config = TestConfig::new("[server]\nheader_timeout_s = 30\nidle_timeout_s = 30\n");
+    let server = Server::start_with_nofile(&config.path, &config.dir.path().join("sessions.db"), 256);
+    // 256 less the 64 kept for the store, plugins, the upstream and logs.
+    let started = Instant::now();
+    while !server.stderr().contains("at most 192 open") {
+        assert!(started.elapsed() < Duration::from_secs(5), "{}", server.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let started = Instant::now();
+    let clients: Vec<TcpStream> = (0..300).map(|_| connect(&server)).collect();
+    let mut refused = 0;
+    let mut open = Vec::new();
+    for mut client in clients {
+        client.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut buffer = [0u8; 512];
+        match client.read(&mut buffer) {
+            Ok(n) if n > 0 => {
+                let seen = String::from_utf8_lossy(&buffer[..n]);
+                assert!(seen.starts_with("HTTP/1.1 503 "), "{seen}");
+                assert!(seen.contains("too_many_connections"), "{seen}");
+                refused += 1;
+            }
+            _ => open.push(client),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((open.len(), refused), (192, 108));
+    // The ones let in are served.
+    for client in open.iter_mut().take(5) {
+        client
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buffer = [0u8; 512];
+        let n = client.read(&mut buffer).unwrap();
+        assert!(String::from_utf8_lossy(&buffer[..n]).starts_with("HTTP/1.1 200 "));
+    }
+    assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
 }
 
 #[test]

@@ -1,40 +1,39 @@
 //! The clients' connections (docs/http-api.md#connections): the accept loop, the cap on
-//! open connections, the header and body timeouts, and the bounded drain on SIGTERM.
+//! open connections, running out of descriptors, and the bounded drain on SIGTERM.
 //!
-//! hyper's own `header_read_timeout` bounds a request's line and headers; it runs from the
-//! moment hyper waits for a request, so it also closes a kept-alive connection left idle.
-//! hyper closes on it without a word, so the socket is shared ([`Shared`]) and a
-//! connection that had begun a request is answered 408 after hyper lets it go. The body's
-//! deadline is ours (a body stream that gives up), since hyper has none.
+//! - `socket`: where a connection is between requests, each phase on its own clock (the
+//!   header timeout, answered 408; the idle timeout), and the watchdog that ends it;
+//! - `guard`: around every route, the body's deadline and the drain's 503.
+
+mod guard;
+mod socket;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use axum::Router;
-use futures_util::StreamExt;
 use history_engine::config::ServerConfig;
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
+
+use guard::{guard, Phases};
+use socket::{watchdog, Expired, Phase, Shared};
 
 /// The connection settings in force: `[server]`, the cap resolved against the process's
 /// descriptor limit.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
     pub header_timeout: Duration,
+    pub idle_timeout: Duration,
     pub body_timeout: Duration,
     pub max_connections: usize,
     pub grace: Duration,
@@ -67,6 +66,7 @@ impl Limits {
         };
         Limits {
             header_timeout: Duration::from_secs(config.header_timeout_s),
+            idle_timeout: Duration::from_secs(config.idle_timeout_s),
             body_timeout: Duration::from_secs(config.body_timeout_s),
             max_connections: max_connections as usize,
             grace: Duration::from_secs(config.shutdown_grace_s),
@@ -94,169 +94,12 @@ fn nofile_limit() -> Option<u64> {
     None
 }
 
-/// What every request watches: SIGTERM came (a body still being sent is cut), and the
-/// drain's deadline passed (a request still running is answered 503).
-#[derive(Clone)]
-struct Phases {
-    stopping: watch::Receiver<bool>,
-    deadline: watch::Receiver<bool>,
-}
+/// Tells the connection's phase that its answer ended, when the answer's body is dropped.
+struct Answered(Arc<Phase>);
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response {
-    let mut response = (
-        status,
-        axum::Json(serde_json::json!({"error": {"code": code, "message": message}})),
-    )
-        .into_response();
-    // hyper closes the connection after an answer that says so.
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}
-
-/// Why a request's body stopped coming.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Cut {
-    Timeout,
-    Stopping,
-}
-
-/// The body timeout and the drain, around every route.
-async fn guard(phases: Phases, body_timeout: Duration, request: Request, next: Next) -> Response {
-    if *phases.stopping.borrow() {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "the host is shutting down",
-        );
-    }
-    let cut: Arc<std::sync::Mutex<Option<Cut>>> = Arc::default();
-    let (parts, body) = request.into_parts();
-    let deadline = tokio::time::Instant::now() + body_timeout;
-    let mut stopping = phases.stopping.clone();
-    let ends: std::pin::Pin<Box<dyn Future<Output = Cut> + Send>> = Box::pin(async move {
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => Cut::Timeout,
-            _ = stopping.wait_for(|s| *s) => Cut::Stopping,
-        }
-    });
-    let seen = cut.clone();
-    let stream = futures_util::stream::unfold(Some((body.into_data_stream(), ends)), move |state| {
-        let seen = seen.clone();
-        async move {
-            let (mut data, mut ends) = state?;
-            tokio::select! {
-                biased;
-                next = data.next() => next.map(|chunk| (chunk, Some((data, ends)))),
-                why = &mut ends => {
-                    *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-                    let e = axum::Error::new(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the body did not arrive in time",
-                    ));
-                    Some((Err(e), None))
-                }
-            }
-        }
-    });
-    let request = Request::from_parts(parts, Body::from_stream(stream));
-    let mut deadline = phases.deadline.clone();
-    let response = tokio::select! {
-        biased;
-        response = next.run(request) => response,
-        _ = deadline.wait_for(|d| *d) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the host shut down before this request finished (shutdown_grace_s); nothing of it was stored unless it had finished",
-            )
-        }
-    };
-    let cut = *cut.lock().unwrap_or_else(|e| e.into_inner());
-    match cut {
-        Some(Cut::Timeout) => error(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            &format!(
-                "the request body did not arrive within {} s ([server] body_timeout_s)",
-                body_timeout.as_secs()
-            ),
-        ),
-        Some(Cut::Stopping) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "the host is shutting down",
-        ),
-        None => response,
-    }
-}
-
-/// A client's socket, shared between hyper and the accept loop's task, which answers 408
-/// on it after hyper gave up on a request's headers. `begun`: bytes came since the last
-/// answer was written, so a request had begun (else the connection was idle).
-struct Shared {
-    tcp: Arc<TcpStream>,
-    begun: Arc<AtomicBool>,
-}
-
-impl AsyncRead for Shared {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        loop {
-            ready!(self.tcp.poll_read_ready(cx))?;
-            match self.tcp.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    if n > 0 {
-                        self.begun.store(true, Ordering::Relaxed);
-                    }
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
-}
-
-impl AsyncWrite for Shared {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
-        loop {
-            ready!(self.tcp.poll_write_ready(cx))?;
-            match self.tcp.try_write(data) {
-                Ok(n) => {
-                    self.begun.store(false, Ordering::Relaxed);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        // The write side only, as TcpStream's own shutdown; the socket closes when the
-        // last holder lets it go.
-        #[cfg(unix)]
-        {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.tcp);
-            // SAFETY: a shutdown of a descriptor this socket owns and keeps open.
-            if unsafe { libc::shutdown(fd, libc::SHUT_WR) } != 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::NotConnected {
-                    return Poll::Ready(Err(e));
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.0.answered();
     }
 }
 
@@ -309,7 +152,7 @@ pub(crate) async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let (deadline_tx, deadline_rx) = watch::channel(false);
     let phases = Phases {
-        stopping: stop_rx,
+        stopping: stop_rx.clone(),
         deadline: deadline_rx,
     };
     let body_timeout = limits.body_timeout;
@@ -323,9 +166,9 @@ pub(crate) async fn serve(
     let mut spare = std::fs::File::open("/dev/null").ok();
     let exhausted = AtomicBool::new(false);
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+    // Our watchdog keeps the header and idle clocks (`socket`); hyper's one timer would
+    // count an idle keep-alive connection as a slow head.
+    builder.timer(TokioTimer::new()).header_read_timeout(None);
     tokio::pin!(signal);
     loop {
         let accepted = tokio::select! {
@@ -374,28 +217,53 @@ pub(crate) async fn serve(
             continue;
         };
         let tcp = Arc::new(tcp);
-        let begun = Arc::new(AtomicBool::new(false));
+        let phase = Phase::new();
         let io = Shared {
             tcp: tcp.clone(),
-            begun: begun.clone(),
+            phase: phase.clone(),
         };
-        let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            let ended = connection.await;
-            if let Err(e) = ended {
-                // A request begun but its headers not all in: told why (an idle one is
-                // just closed). Best effort: the answer fits any socket buffer.
-                if e.is_timeout() && begun.load(Ordering::Relaxed) {
-                    let answer = canned(
-                        "408 Request Timeout",
-                        "request_timeout",
-                        "the request's headers did not arrive in time ([server] header_timeout_s)",
-                        "",
-                    );
-                    let _ = tcp.try_write(answer.as_bytes());
+        let routes = TowerToHyperService::new(app.clone());
+        let service = {
+            let phase = phase.clone();
+            hyper::service::service_fn(move |request| {
+                phase.busy();
+                let answered = Answered(phase.clone());
+                let call = hyper::service::Service::call(&routes, request);
+                async move {
+                    // Idle again once the answer's body is done with (written, or dropped).
+                    let response = call.await?;
+                    Ok::<_, std::convert::Infallible>(response.map(|body| {
+                        body.map_frame(move |frame| {
+                            let _ = &answered;
+                            frame
+                        })
+                    }))
                 }
-                tracing::debug!("connection ended: {e}");
+            })
+        };
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        let connection = graceful.watch(connection);
+        let dog = watchdog(phase, limits.header_timeout, limits.idle_timeout, stop_rx.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                ended = connection => {
+                    if let Err(e) = ended {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                }
+                expired = dog => {
+                    // hyper's side is dropped here; the socket closes with the last holder.
+                    if expired == Expired::SlowHead {
+                        // Best effort: the answer fits any socket buffer.
+                        let answer = canned(
+                            "408 Request Timeout",
+                            "request_timeout",
+                            "the request's headers did not arrive in time ([server] header_timeout_s)",
+                            "",
+                        );
+                        let _ = tcp.try_write(answer.as_bytes());
+                    }
+                }
             }
             drop(permit);
         });
