@@ -9,6 +9,7 @@ mod answers;
 mod app;
 mod auth;
 mod conn;
+mod mcp;
 mod proxy;
 mod resent;
 mod routes;

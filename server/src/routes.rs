@@ -47,6 +47,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         // Readiness, under the name it had before the split (docs/http-api.md#probes).
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
+        .nest_service("/mcp", crate::mcp::service(app.service.clone()))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // A body that says it is too large is refused before any of it is read; one that
         // does not say (chunked) is cut off as soon as it passes the limit.

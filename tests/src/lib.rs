@@ -196,6 +196,44 @@ pub fn run_with_stdin_to(mut command: Command, stdin: &str, stdout: Stdio) -> Ou
 }
 
 /// A history as JSON values (for comparing outputs).
+/// Runs the Python client `tests/py/SCRIPT` in the tests' virtualenv (`target/py`, which
+/// `cargo xtask test` makes with the real `openai`, `anthropic` and `mcp` packages), `spec`
+/// on its stdin; the JSON it prints.
+pub fn python_client(script: &str, spec: &serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
+    let python = target_dir().join("py").join("bin").join("python");
+    assert!(
+        python.exists(),
+        "{} is missing: run the tests with `cargo xtask test` (it creates target/py with the Python clients)",
+        python.display()
+    );
+    let mut child = std::process::Command::new(python)
+        .arg(workspace_root().join("tests/py").join(script))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(spec.to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
 pub fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }

@@ -89,8 +89,9 @@ fn main() -> ExitCode {
 const USAGE: &str = "
 usage: cargo xtask <task>
   build [--release]           build the host and every plugin; install plugins into target/plugins
-  test [ARGS...]              build (debug), make target/py (a virtualenv with the openai
-                              client) if missing, then run every test: cargo test --workspace ARGS...
+  test [ARGS...]              build (debug), make target/py (a virtualenv with the openai,
+                              anthropic and mcp clients) if missing, then run every test:
+                              cargo test --workspace ARGS...
   new-plugin NAME [--dir DIR] scaffold a plugin crate in plugins/NAME (or standalone in DIR)
   gen-history [--turns N] [--seed S]
                               print a generated agent history (JSON array) to stdout
@@ -179,21 +180,32 @@ fn test(args: &[String]) -> Result<()> {
         .args(args))
 }
 
-/// The Python the proxy's tests drive the real `openai` client with: a virtualenv in
-/// `target/py`, created (and `openai` installed into it) only when it is missing.
+/// The Python clients the tests drive (the real `openai`, `anthropic` and `mcp`
+/// packages): a virtualenv in `target/py`, created and filled only when one is missing.
+const PYTHON_CLIENTS: &[&str] = &["openai", "anthropic", "mcp"];
+
+/// The tests' virtualenv in `target/py` with [`PYTHON_CLIENTS`] installed.
 fn python_env(target_dir: &Path) -> Result<()> {
     let venv = target_dir.join("py");
     let python = venv.join("bin").join("python");
     let ready = Command::new(&python)
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {}", PYTHON_CLIENTS.join(", "))])
         .output()
         .is_ok_and(|o| o.status.success());
     if ready {
         return Ok(());
     }
-    eprintln!("xtask: creating {} with the openai client", venv.display());
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "openai"]))
+    eprintln!(
+        "xtask: making {} with the Python clients ({})",
+        venv.display(),
+        PYTHON_CLIENTS.join(", ")
+    );
+    if !python.exists() {
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    }
+    run(Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--quiet"])
+        .args(PYTHON_CLIENTS))
 }
 
 /// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it

@@ -25,22 +25,9 @@ use rustc_hash::FxHashMap;
 
 /// `recent` when the config does not set it.
 pub const DEFAULT_RECENT: u64 = 8;
-/// BM25's term-frequency saturation and length normalization.
-const K1: f64 = 1.2;
-const B: f64 = 0.75;
-
-/// English words too common to say what a message is about (`stop_words` replaces them).
-pub const DEFAULT_STOP_WORDS: &[&str] = &[
-    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at",
-    "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could",
-    "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has",
-    "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it",
-    "its", "just", "me", "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only",
-    "or", "other", "our", "ours", "out", "over", "own", "please", "same", "she", "should", "so", "some",
-    "such", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
-    "through", "to", "too", "under", "until", "up", "us", "very", "was", "we", "were", "what", "when",
-    "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours",
-];
+/// The stop words when `stop_words` is not set (BM25's shared definition).
+pub use history_bm25::DEFAULT_STOP_WORDS;
+use history_bm25::{idf, term_score};
 
 /// The words of one message: `(word id, occurrences)` sorted by id, and how many words
 /// there are.
@@ -99,12 +86,9 @@ pub struct Relevance {
     cache: Mutex<TermCache>,
 }
 
-/// The words of `text`: lower-cased, split on everything that is not a letter or digit.
-pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-}
+/// The words of `text` as BM25 counts them (lower-cased, split on anything not a
+/// letter or digit).
+pub use history_bm25::words;
 
 impl Relevance {
     /// The terms of `message`, its words numbered in `words`.
@@ -357,20 +341,15 @@ impl Relevance {
                 let df = (0..units.len())
                     .filter(|&u| counts[u * query.len() + q] > 0)
                     .count() as f64;
-                (1.0 + (documents - df + 0.5) / (df + 0.5)).ln()
+                idf(documents, df)
             })
             .collect();
         (0..units.len())
             .map(|unit| {
-                let norm = K1 * (1.0 - B + B * lengths[unit] / average);
                 (0..query.len())
                     .map(|q| {
                         let tf = f64::from(counts[unit * query.len() + q]);
-                        if tf == 0.0 {
-                            0.0
-                        } else {
-                            idf[q] * tf * (K1 + 1.0) / (tf + norm)
-                        }
+                        term_score(idf[q], tf, lengths[unit], average)
                     })
                     .sum()
             })

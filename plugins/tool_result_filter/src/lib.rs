@@ -50,7 +50,8 @@ impl ToolResultFilter {
         // A result that already is exactly the placeholder (e.g. role_pair's result for a
         // call that had none, sent back on the next turn) has nothing to save; replacing it
         // would only add metadata and change its bytes.
-        if matches!(&message.content, Content::Text(text) if text.as_str() == self.placeholder) {
+        if matches!(&message.content, Content::Text(text) if text.as_str() == self.placeholder_text(message))
+        {
             return false;
         }
         if let Some(name) = tool_name(history, answers, index) {
@@ -80,7 +81,22 @@ impl ToolResultFilter {
     /// lifecycle metadata of docs/plugins.md#tool_result_filter, and no `retention_policy` (the parts it described are
     /// gone, and a policy of the wrong length would only draw warnings from `retention`).
     fn placeholder_for(&self, message: &Message, tokens_saved: i64) -> Message {
-        message.omitted_copy(&self.placeholder, tokens_saved, self.preserve_original)
+        message.omitted_copy(
+            &self.placeholder_text(message),
+            tokens_saved,
+            self.preserve_original,
+        )
+    }
+
+    /// The placeholder for `message`: `{id}` stands for its identity, the id the recall
+    /// tools take (docs/mcp.md#placeholders); stable from turn to turn, so the sent prefix
+    /// stays cacheable.
+    fn placeholder_text(&self, message: &Message) -> String {
+        if self.placeholder.contains("{id}") {
+            self.placeholder.replace("{id}", &message.identity())
+        } else {
+            self.placeholder.clone()
+        }
     }
 }
 
@@ -95,7 +111,10 @@ impl HistoryPlugin for ToolResultFilter {
             "keep",
             "keep_last: the newest N counted tool results keep their content (default 4)",
         ),
-        ("placeholder", "the replacement content (default \"[Omitted]\")"),
+        (
+            "placeholder",
+            "the replacement content (default \"[Omitted]\"); {id} stands for the message's id, e.g. \"[Omitted: call expand_message with id {id} to read it]\"",
+        ),
         (
             "exclude_tools",
             "tool names whose results are never replaced and not counted",
@@ -243,7 +262,6 @@ impl HistoryPlugin for ToolResultFilter {
         // Arguments cleared per assistant message: (assistant index) -> call ids, and the
         // tokens each replaced result saves, its cleared arguments included. Sets and maps,
         // not scans: one assistant message may have thousands of calls and results.
-        let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder) as i64;
         let mut cleared: HashMap<usize, HashSet<&str>> = HashMap::new();
         if self.clear_tool_inputs {
             for &index in replace {
@@ -273,6 +291,7 @@ impl HistoryPlugin for ToolResultFilter {
                     (Some(at), Some(id)) => arguments_saved.get(&(at.message, id)).copied(),
                     _ => None,
                 };
+                let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder_text(message)) as i64;
                 ctx.tokens().content(tokenizer, message) as i64 - placeholder_tokens + arguments.unwrap_or(0)
             })
             .collect();
@@ -379,5 +398,33 @@ mod tests {
         );
         assert!(out.contains(r#""can_expand":true,"omitted":true"#), "{out}");
         assert!(out.contains(r#""original_content":"a long result""#), "{out}");
+    }
+
+    #[test]
+    fn a_placeholder_names_each_result_by_its_id_and_a_second_run_changes_nothing() {
+        let plugin = ToolResultFilter::new(&load_context(
+            r#"{"strategy":"drop_all","placeholder":"[Omitted: call expand_message with id \"{id}\" to read it]"}"#,
+        ))
+        .unwrap();
+        let history = plugin_testing::history(
+            r#"[{"role":"user","content":"u"},
+                {"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}},
+                                                   {"id":"d","type":"function","function":{"name":"f","arguments":"{}"}}]},
+                {"role":"tool","tool_call_id":"c","content":"a long result, longer than the placeholder that replaces it, many words"},
+                {"role":"tool","tool_call_id":"d","content":"another long result, longer than the placeholder that replaces it too","metadata":{"id":"result-d"}},
+                {"role":"assistant","content":"done"}]"#,
+        );
+        let once = plugin_testing::process(&plugin, &history, &context(200, 1)).unwrap();
+        let out = history_to_string(&once.history);
+        assert!(
+            out.contains(r##""content":"[Omitted: call expand_message with id \"#3\" to read it]""##),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#""content":"[Omitted: call expand_message with id \"result-d\" to read it]""#),
+            "{out}"
+        );
+        let twice = plugin_testing::process(&plugin, &once.history, &context(200, 2)).unwrap();
+        assert_eq!(history_to_string(&twice.history), out);
     }
 }

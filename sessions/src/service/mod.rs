@@ -26,9 +26,11 @@ use crate::session::{parse_override, Env, Session, SwitchOutcome, TurnInput, Tur
 use crate::store::{self, Locked, SessionLock, SessionRow, Store, StoreError, TranscriptRow};
 
 mod outage;
+mod recall;
 mod report;
 mod settings;
 mod stateless;
+pub use recall::Recalled;
 pub use report::{ChainReport, StageInfo, StagePlace};
 pub use stateless::StatelessRun;
 mod stores;

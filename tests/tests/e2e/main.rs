@@ -28,6 +28,7 @@ mod metrics;
 mod process_cli;
 mod properties;
 mod proxy;
+mod recall;
 mod relevance;
 mod reload;
 mod retention;

@@ -1,0 +1,240 @@
+//! The recall tools over the Model Context Protocol at `/mcp` (docs/mcp.md): what an agent
+//! asks for when the chain trimmed it. Streamable HTTP by rmcp (the protocol's own Rust
+//! SDK), mounted beside the other routes so it shares the connections' limits and drain.
+//!
+//! The session is the tool's `session` argument, or else the `X-History-Session` header of
+//! the MCP connection's requests (an agent framework configures it once). As on the HTTP
+//! API, a session id is the capability: nothing here lists sessions.
+
+use std::sync::Arc;
+
+use axum::http::request::Parts;
+use history_sessions::{Command, CommandAnswer, Recalled, Service, SessionError};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::schemars::{self, JsonSchema};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The header that names the session for every tool call of an MCP connection.
+const SESSION_HEADER: &str = "x-history-session";
+/// The most messages `search_history` returns, whatever `limit` says.
+const MAX_RESULTS: usize = 50;
+/// The most characters of a message's text a search result shows.
+const SNIPPET_CHARS: usize = 600;
+
+/// The `/mcp` service: one [`Recall`] per MCP session.
+pub(crate) fn service(service: Arc<Service>) -> StreamableHttpService<Recall, LocalSessionManager> {
+    StreamableHttpService::new(
+        move || Ok(Recall::new(service.clone())),
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default(),
+    )
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct ExpandArgs {
+    /// The session id (optional when the connection sends X-History-Session).
+    session: Option<String>,
+    /// The message's id as its placeholder names it: its metadata id, or "#" and its
+    /// transcript position, or its index in the working history.
+    id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct SearchArgs {
+    /// The session id (optional when the connection sends X-History-Session).
+    session: Option<String>,
+    /// What to look for, in words.
+    query: String,
+    /// How many messages to return, best first (default 5, at most 50).
+    limit: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct GetArgs {
+    /// The session id (optional when the connection sends X-History-Session).
+    session: Option<String>,
+    /// Message ids, e.g. those a summary's `summary_of` lists.
+    ids: Vec<String>,
+}
+
+/// The recall tools of one MCP session.
+#[derive(Clone)]
+pub(crate) struct Recall {
+    service: Arc<Service>,
+    tool_router: ToolRouter<Recall>,
+}
+
+/// A tool's failure as the model reads it: a result marked as an error, not a protocol
+/// error, so the agent can correct its call.
+fn failed(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::structured_error(json!({"error": message.into()}))
+}
+
+fn session_error(e: SessionError) -> CallToolResult {
+    failed(e.message)
+}
+
+/// A transcript message as the tools show it.
+fn shown(found: &Recalled, snippet: bool) -> Value {
+    let mut text = found.message.content.text();
+    for call in &found.message.tool_calls {
+        text.push_str(&format!(
+            "\ncall {}({})",
+            call.name.as_str(),
+            call.arguments.as_str()
+        ));
+    }
+    if snippet && text.chars().count() > SNIPPET_CHARS {
+        text = text.chars().take(SNIPPET_CHARS).collect::<String>() + "…";
+    }
+    let mut value = json!({
+        "id": found.identity,
+        "position": found.seq,
+        "turn": found.turn,
+        "role": found.message.role.as_str(),
+        "text": text,
+    });
+    if let Some(call) = found.message.call_id() {
+        value["tool_call_id"] = json!(call);
+    }
+    if found.score > 0.0 {
+        value["score"] = json!((found.score * 1000.0).round() / 1000.0);
+    }
+    value
+}
+
+#[tool_router]
+impl Recall {
+    fn new(service: Arc<Service>) -> Recall {
+        Recall {
+            service,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The session a call is about: its argument, else the connection's header.
+    fn session(given: Option<String>, ctx: &RequestContext<RoleServer>) -> Result<String, String> {
+        if let Some(id) = given.filter(|id| !id.is_empty()) {
+            return Ok(id);
+        }
+        ctx.extensions
+            .get::<Parts>()
+            .and_then(|parts| parts.headers.get(SESSION_HEADER))
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                "no session: pass `session`, or send X-History-Session on the MCP connection".into()
+            })
+    }
+
+    #[tool(
+        description = "Read the original of a message the history manager omitted, compacted or summarized away, by the id its placeholder names. The session keeps it expanded from then on."
+    )]
+    async fn expand_message(
+        &self,
+        Parameters(args): Parameters<ExpandArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = match Self::session(args.session, &ctx) {
+            Ok(session) => session,
+            Err(why) => return Ok(failed(why)),
+        };
+        // An id of the transcript ("#12", a metadata id) or a working-history index.
+        let target = args.id.clone();
+        Ok(
+            match self.service.command(&session, Command::Expand(target)).await {
+                Ok(CommandAnswer::Expand {
+                    index,
+                    message,
+                    event,
+                }) => {
+                    let found = Recalled {
+                        identity: message.identity(),
+                        seq: message.origin(),
+                        turn: message.turn,
+                        score: 0.0,
+                        message: (*message).clone(),
+                    };
+                    let mut value = shown(&found, false);
+                    value["index"] = json!(index);
+                    value["note"] = json!(event.reason.as_str());
+                    CallToolResult::structured(value)
+                }
+                Ok(_) => failed("expansion answered something else"),
+                Err(e) => session_error(e),
+            },
+        )
+    }
+
+    #[tool(
+        description = "Search the whole conversation so far, including what the history manager trimmed, for the messages that best match a query (BM25). Returns ids to pass to expand_message or get_messages."
+    )]
+    async fn search_history(
+        &self,
+        Parameters(args): Parameters<SearchArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = match Self::session(args.session, &ctx) {
+            Ok(session) => session,
+            Err(why) => return Ok(failed(why)),
+        };
+        let limit = args.limit.unwrap_or(5).clamp(1, MAX_RESULTS);
+        Ok(
+            match self.service.search_transcript(&session, &args.query, limit).await {
+                Ok(found) => CallToolResult::structured(json!({
+                    "matches": found.iter().map(|f| shown(f, true)).collect::<Vec<_>>(),
+                })),
+                Err(e) => session_error(e),
+            },
+        )
+    }
+
+    #[tool(
+        description = "Read messages of the conversation by id, e.g. the ones a summary stands for (its summary_of). Does not change what the history manager sends."
+    )]
+    async fn get_messages(
+        &self,
+        Parameters(args): Parameters<GetArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = match Self::session(args.session, &ctx) {
+            Ok(session) => session,
+            Err(why) => return Ok(failed(why)),
+        };
+        if args.ids.is_empty() || args.ids.len() > MAX_RESULTS {
+            return Ok(failed(format!("ids: give 1 to {MAX_RESULTS} message ids")));
+        }
+        Ok(match self.service.recall_messages(&session, &args.ids).await {
+            Ok(found) => CallToolResult::structured(json!({
+                "messages": found
+                    .iter()
+                    .map(|(id, found)| match found {
+                        Some(found) => shown(found, false),
+                        None => json!({"id": id, "error": "no message of this session has this id"}),
+                    })
+                    .collect::<Vec<_>>(),
+            })),
+            Err(e) => session_error(e),
+        })
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Recall {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("history-host", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Recall for a conversation whose history a history manager trims: placeholders such as \
+                 [Omitted: call expand_message with id \"#12\"] name what to expand; search_history finds \
+                 older messages by content; get_messages reads messages by id.",
+            )
+    }
+}

@@ -1,0 +1,152 @@
+//! The recall tools at `/mcp` (docs/mcp.md) through the real MCP Python SDK: a 60-turn
+//! session whose old tool results are placeholders naming their id, and whose oldest
+//! turns left the working history. The agent searches the whole transcript for a fact
+//! dropped 40 turns ago and finds it first, expands an omitted result (the session keeps
+//! it expanded) and reads messages by id.
+
+use e2e_tests::python_client;
+use e2e_tests::server::{shipped_config, Server};
+use serde_json::{json, Value};
+
+const PLACEHOLDER: &str = r#"placeholder = "[Omitted: call expand_message with id \"{id}\" to read it]""#;
+
+fn turn_messages(turn: u64) -> Value {
+    let result = match turn {
+        5 => "deploy notes: the staging database password rotates on the zebra-quartz schedule".to_string(),
+        _ => format!("contents of file_{turn}.txt: {}", "data ".repeat(40)),
+    };
+    json!([
+        {"role": "user", "content": format!("step {turn}: read file_{turn}.txt")},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{turn}"), "type": "function",
+            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"file_{turn}.txt\"}}")}}]},
+        {"role": "tool", "tool_call_id": format!("c{turn}"), "content": result},
+        {"role": "assistant", "content": format!("done {turn}")},
+    ])
+}
+
+fn mcp(server: &Server, headers: Value, calls: Value) -> Value {
+    python_client(
+        "mcp_client.py",
+        &json!({"url": format!("http://{}/mcp", server.addr), "headers": headers, "calls": calls}),
+    )
+}
+
+#[test]
+fn an_agent_finds_expands_and_reads_what_the_chain_trimmed_over_mcp() {
+    let config = shipped_config(
+        "",
+        &[(r#"placeholder = "[Omitted]"         # byte-stable"#, PLACEHOLDER)],
+    );
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    let id = server.create("gpt-4o");
+    for turn in 1..=60 {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &json!({ "messages": turn_messages(turn) }),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    let working = server.history(&id, false);
+    let text = working.to_string();
+    assert!(
+        !text.contains("zebra-quartz"),
+        "the fact is out of the working history"
+    );
+    // Turn 50's result is a placeholder naming its id.
+    let omitted = working
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["tool_call_id"] == "c50")
+        .unwrap_or_else(|| panic!("{text}"));
+    let content = omitted["content"].as_str().unwrap();
+    let omitted_id = content
+        .strip_prefix("[Omitted: call expand_message with id \"")
+        .and_then(|rest| rest.strip_suffix("\" to read it]"))
+        .unwrap_or_else(|| panic!("{content}"))
+        .to_string();
+    // The host stamps every session message with an id (docs/wire-format.md#metadata).
+    assert!(omitted_id.starts_with(&format!("{id}-")), "{omitted_id}");
+
+    let headers = json!({"X-History-Session": id});
+    let out = mcp(
+        &server,
+        headers.clone(),
+        json!([
+            {"name": "search_history", "arguments": {"query": "staging database password rotation", "limit": 3}},
+            {"name": "expand_message", "arguments": {"id": omitted_id}},
+        ]),
+    );
+    assert_eq!(
+        out["tools"],
+        json!(["expand_message", "get_messages", "search_history"]),
+        "{out}"
+    );
+    assert!(
+        out["schemas"]["search_history"]["properties"]["query"].is_object(),
+        "{out}"
+    );
+    let search = &out["calls"][0];
+    assert_eq!(search["is_error"], false, "{search}");
+    let first = &search["structured"]["matches"][0];
+    assert!(
+        first["text"].as_str().unwrap().contains("zebra-quartz"),
+        "the dropped fact comes first: {search}"
+    );
+    assert_eq!(first["turn"], 5, "{search}");
+    assert_eq!(first["role"], "tool", "{search}");
+    let expand = &out["calls"][1];
+    assert_eq!(expand["is_error"], false, "{expand}");
+    assert!(
+        expand["structured"]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("contents of file_50.txt"),
+        "{expand}"
+    );
+    // The session keeps it expanded: the next turn sends the original.
+    let answer = server.post(
+        &format!("/v1/sessions/{id}/turns"),
+        &json!({ "messages": turn_messages(61) }),
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let sent = answer.body["history"].to_string();
+    assert!(sent.contains("contents of file_50.txt"), "{sent}");
+
+    // Messages by id (e.g. what a summary stands for), the session given as an argument
+    // this time; an unknown id is named, not an error of the call.
+    let found_id = first["id"].as_str().unwrap().to_string();
+    let out = mcp(
+        &server,
+        json!({}),
+        json!([
+            {"name": "get_messages", "arguments": {"session": id, "ids": [found_id, "#999999"]}},
+            {"name": "search_history", "arguments": {"query": "zebra"}},
+            {"name": "expand_message", "arguments": {"session": "no-such-session", "id": "#1"}},
+        ]),
+    );
+    let messages = &out["calls"][0]["structured"]["messages"];
+    assert!(
+        messages[0]["text"].as_str().unwrap().contains("zebra-quartz"),
+        "{out}"
+    );
+    assert!(
+        messages[1]["error"].as_str().unwrap().contains("no message"),
+        "{out}"
+    );
+    let no_session = &out["calls"][1];
+    assert_eq!(no_session["is_error"], true, "{no_session}");
+    assert!(
+        no_session["text"][0]
+            .as_str()
+            .unwrap()
+            .contains("X-History-Session"),
+        "{no_session}"
+    );
+    let unknown = &out["calls"][2];
+    assert_eq!(unknown["is_error"], true, "{unknown}");
+    assert!(
+        unknown["text"][0].as_str().unwrap().contains("no-such-session"),
+        "{unknown}"
+    );
+}
