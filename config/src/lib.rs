@@ -13,9 +13,14 @@ mod server;
 mod store;
 pub use server::{ServerConfig, DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_SHUTDOWN_GRACE_S};
 mod summarizer;
+mod upstream;
 pub mod write;
 pub use store::{StoreLimits, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_KEEPALIVE_S, DEFAULT_STATEMENT_TIMEOUT_MS};
 pub use summarizer::{SummarizerConfig, DEFAULT_SUMMARIZER_MAX_CHARS_IN, DEFAULT_SUMMARIZER_TIMEOUT_MS};
+pub use upstream::{
+    UpstreamConfig, DEFAULT_MAX_RECALL_ROUNDS, DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+    DEFAULT_UPSTREAM_READ_TIMEOUT_S, DEFAULT_UPSTREAM_TIMEOUT_S,
+};
 
 /// Where the chain's plugins live when the file does not say.
 pub(crate) const DEFAULT_PLUGIN_DIR: &str = "target/plugins";
@@ -34,32 +39,6 @@ pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 2000;
 pub const DEFAULT_SESSION_MEMORY_MB: u64 = 0;
 /// `token_cache_entries` when omitted: item token counts remembered by content.
 pub const DEFAULT_TOKEN_CACHE_ENTRIES: u64 = 1 << 18;
-/// `[upstream] timeout_s` when omitted.
-pub const DEFAULT_UPSTREAM_TIMEOUT_S: u64 = 600;
-/// `[upstream] read_timeout_s` when omitted.
-pub const DEFAULT_UPSTREAM_READ_TIMEOUT_S: u64 = 600;
-/// `[upstream] max_connections` when omitted.
-pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = 64;
-
-/// `[upstream]`: where the OpenAI-compatible proxy forwards chat completions
-/// (docs/proxy.md).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamConfig {
-    /// The upstream's base URL, as an OpenAI client's `base_url` (`http://host:port/v1`).
-    pub url: String,
-    /// The longest wait for the upstream's answer to start: a free slot, the connection,
-    /// its status and headers.
-    pub timeout_s: u64,
-    /// `read_timeout_s`: the longest the upstream may stay silent once the request is
-    /// sent: before its status and headers (a 504), and between two chunks of its body.
-    pub read_timeout_s: u64,
-    /// The most requests in flight to the upstream at once.
-    pub max_connections: u64,
-    /// `ca_file`: PEM certificates trusted for an `https://` upstream besides the usual
-    /// roots (a private CA); resolved beside the configuration file.
-    pub ca_file: Option<PathBuf>,
-}
-
 /// `on_plugin_error` (docs/chain.md#faults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnPluginError {
@@ -277,6 +256,20 @@ impl Reader<'_> {
         }
     }
 
+    fn boolean(&self, table: &Table, key: &str, place: &str) -> Result<Option<bool>, ConfigError> {
+        match table.get(key) {
+            None => Ok(None),
+            Some(item) => match item.as_bool() {
+                Some(b) => Ok(Some(b)),
+                None => Err(self.key_error(
+                    table,
+                    key,
+                    format!("`{key}` in {place} must be true or false, found {}", shown(item)),
+                )),
+            },
+        }
+    }
+
     /// An `http://` or `https://` base URL, its trailing `/` dropped; anything else an error
     /// naming the key. `None` when the key is missing.
     fn http_url(&self, table: &Table, key: &str, place: &str) -> Result<Option<String>, ConfigError> {
@@ -427,44 +420,7 @@ impl Config {
             .unwrap_or(DEFAULT_SESSION_MEMORY_MB);
         let upstream = match reader.table(root, "upstream", "the top level")? {
             None => None,
-            Some(table) => {
-                let place = "[upstream]";
-                reader.refuse_unknown(
-                    table,
-                    place,
-                    &["url", "timeout_s", "read_timeout_s", "max_connections", "ca_file"],
-                )?;
-                let Some(url) = reader.http_url(table, "url", place)? else {
-                    return Err(reader.error(
-                        table.span(),
-                        format!(
-                            "{place} needs `url` (the upstream's base URL, e.g. http://127.0.0.1:8000/v1)"
-                        ),
-                    ));
-                };
-                Some(UpstreamConfig {
-                    url,
-                    timeout_s: reader
-                        .integer(table, "timeout_s", place, 1)?
-                        .unwrap_or(DEFAULT_UPSTREAM_TIMEOUT_S),
-                    read_timeout_s: reader
-                        .integer(table, "read_timeout_s", place, 1)?
-                        .unwrap_or(DEFAULT_UPSTREAM_READ_TIMEOUT_S),
-                    max_connections: reader
-                        .integer(table, "max_connections", place, 1)?
-                        .unwrap_or(DEFAULT_UPSTREAM_MAX_CONNECTIONS),
-                    ca_file: match reader.string(table, "ca_file", place)? {
-                        None => None,
-                        Some(path) => {
-                            let file = base.join(path);
-                            check_ca_file(&file).map_err(|why| {
-                                reader.key_error(table, "ca_file", format!("`ca_file` in {place}: {why}"))
-                            })?;
-                            Some(file)
-                        }
-                    },
-                })
-            }
+            Some(table) => Some(upstream::read(&reader, table, base)?),
         };
 
         let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error, mut required) = (
@@ -1108,7 +1064,7 @@ mod tests {
                 timeout_s: DEFAULT_UPSTREAM_TIMEOUT_S,
                 read_timeout_s: DEFAULT_UPSTREAM_READ_TIMEOUT_S,
                 max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
-                ca_file: None,
+                ..UpstreamConfig::default()
             })
         );
         let config =

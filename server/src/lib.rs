@@ -11,6 +11,8 @@ mod auth;
 mod conn;
 mod mcp;
 mod proxy;
+mod proxy_recall;
+mod recall;
 mod resent;
 mod routes;
 mod upstream;

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use axum::http::request::Parts;
-use history_sessions::{Command, CommandAnswer, Recalled, Service, SessionError};
+use history_sessions::Service;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
@@ -21,13 +21,10 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::recall;
+
 /// The header that names the session for every tool call of an MCP connection.
 const SESSION_HEADER: &str = "x-history-session";
-/// The most messages `search_history` returns, whatever `limit` says.
-const MAX_RESULTS: usize = 50;
-/// The most characters of a message's text a search result shows.
-const SNIPPET_CHARS: usize = 600;
-
 /// The `/mcp` service: one [`Recall`] per MCP session.
 pub(crate) fn service(service: Arc<Service>) -> StreamableHttpService<Recall, LocalSessionManager> {
     StreamableHttpService::new(
@@ -73,41 +70,11 @@ pub(crate) struct Recall {
 
 /// A tool's failure as the model reads it: a result marked as an error, not a protocol
 /// error, so the agent can correct its call.
-fn failed(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::structured_error(json!({"error": message.into()}))
-}
-
-fn session_error(e: SessionError) -> CallToolResult {
-    failed(e.message)
-}
-
-/// A transcript message as the tools show it.
-fn shown(found: &Recalled, snippet: bool) -> Value {
-    let mut text = found.message.content.text();
-    for call in &found.message.tool_calls {
-        text.push_str(&format!(
-            "\ncall {}({})",
-            call.name.as_str(),
-            call.arguments.as_str()
-        ));
+fn answered(result: Result<Value, String>) -> CallToolResult {
+    match result {
+        Ok(value) => CallToolResult::structured(value),
+        Err(why) => CallToolResult::structured_error(json!({"error": why})),
     }
-    if snippet && text.chars().count() > SNIPPET_CHARS {
-        text = text.chars().take(SNIPPET_CHARS).collect::<String>() + "…";
-    }
-    let mut value = json!({
-        "id": found.identity,
-        "position": found.seq,
-        "turn": found.turn,
-        "role": found.message.role.as_str(),
-        "text": text,
-    });
-    if let Some(call) = found.message.call_id() {
-        value["tool_call_id"] = json!(call);
-    }
-    if found.score > 0.0 {
-        value["score"] = json!((found.score * 1000.0).round() / 1000.0);
-    }
-    value
 }
 
 #[tool_router]
@@ -144,33 +111,9 @@ impl Recall {
     ) -> Result<CallToolResult, ErrorData> {
         let session = match Self::session(args.session, &ctx) {
             Ok(session) => session,
-            Err(why) => return Ok(failed(why)),
+            Err(why) => return Ok(answered(Err(why))),
         };
-        // An id of the transcript ("#12", a metadata id) or a working-history index.
-        let target = args.id.clone();
-        Ok(
-            match self.service.command(&session, Command::Expand(target)).await {
-                Ok(CommandAnswer::Expand {
-                    index,
-                    message,
-                    event,
-                }) => {
-                    let found = Recalled {
-                        identity: message.identity(),
-                        seq: message.origin(),
-                        turn: message.turn,
-                        score: 0.0,
-                        message: (*message).clone(),
-                    };
-                    let mut value = shown(&found, false);
-                    value["index"] = json!(index);
-                    value["note"] = json!(event.reason.as_str());
-                    CallToolResult::structured(value)
-                }
-                Ok(_) => failed("expansion answered something else"),
-                Err(e) => session_error(e),
-            },
-        )
+        Ok(answered(recall::expand(&self.service, &session, &args.id).await))
     }
 
     #[tool(
@@ -183,17 +126,11 @@ impl Recall {
     ) -> Result<CallToolResult, ErrorData> {
         let session = match Self::session(args.session, &ctx) {
             Ok(session) => session,
-            Err(why) => return Ok(failed(why)),
+            Err(why) => return Ok(answered(Err(why))),
         };
-        let limit = args.limit.unwrap_or(5).clamp(1, MAX_RESULTS);
-        Ok(
-            match self.service.search_transcript(&session, &args.query, limit).await {
-                Ok(found) => CallToolResult::structured(json!({
-                    "matches": found.iter().map(|f| shown(f, true)).collect::<Vec<_>>(),
-                })),
-                Err(e) => session_error(e),
-            },
-        )
+        Ok(answered(
+            recall::search(&self.service, &session, &args.query, args.limit).await,
+        ))
     }
 
     #[tool(
@@ -206,23 +143,11 @@ impl Recall {
     ) -> Result<CallToolResult, ErrorData> {
         let session = match Self::session(args.session, &ctx) {
             Ok(session) => session,
-            Err(why) => return Ok(failed(why)),
+            Err(why) => return Ok(answered(Err(why))),
         };
-        if args.ids.is_empty() || args.ids.len() > MAX_RESULTS {
-            return Ok(failed(format!("ids: give 1 to {MAX_RESULTS} message ids")));
-        }
-        Ok(match self.service.recall_messages(&session, &args.ids).await {
-            Ok(found) => CallToolResult::structured(json!({
-                "messages": found
-                    .iter()
-                    .map(|(id, found)| match found {
-                        Some(found) => shown(found, false),
-                        None => json!({"id": id, "error": "no message of this session has this id"}),
-                    })
-                    .collect::<Vec<_>>(),
-            })),
-            Err(e) => session_error(e),
-        })
+        Ok(answered(
+            recall::messages(&self.service, &session, &args.ids).await,
+        ))
     }
 }
 

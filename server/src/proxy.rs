@@ -34,7 +34,12 @@ pub struct OpenAiError {
 }
 
 impl OpenAiError {
-    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         OpenAiError {
             status,
             kind,
@@ -43,7 +48,7 @@ impl OpenAiError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         OpenAiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -181,10 +186,23 @@ pub async fn chat_completions(
     // The sent history written once, straight to JSON text (no Value in between), as a
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = history_wire::chat::provider_history_to_string(&run.history);
-    let body = forwarded_body(&body.members, &sent);
-    drop(bytes);
-
-    let mut response = forward(upstream, Method::POST, "/chat/completions", &headers, body).await?;
+    let mut response = match (&session, upstream.recall_rounds) {
+        // A session's plain request may have the model call the recall tools
+        // (docs/mcp.md#the-proxy); a streamed one is forwarded as it is.
+        (Some(id), Some(rounds)) if !crate::proxy_recall::streamed(&body.members) => {
+            let recall = crate::proxy_recall::Recall {
+                service: &app.service,
+                session: id,
+                rounds,
+            };
+            recall.run(upstream, &headers, &body.members, &sent).await?
+        }
+        _ => {
+            let body = forwarded_body(&body.members, &sent);
+            drop(bytes);
+            forward(upstream, Method::POST, "/chat/completions", &headers, body).await?
+        }
+    };
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {
         added.insert(HeaderName::from_static("x-history-messages"), value);
@@ -328,7 +346,7 @@ impl<'de> Deserialize<'de> for Messages<'de> {
 
 /// The body sent upstream: the request's members in their order and as their bytes came,
 /// with `sent` (the sent history's JSON text) as the value of `messages`.
-fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes {
+pub(crate) fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes {
     let size = members
         .iter()
         .map(|(key, raw)| key.len() + raw.map_or(0, |raw| raw.get().len()) + 4)
@@ -406,7 +424,7 @@ fn timeout_error(timeout: Duration, key: &str) -> OpenAiError {
 /// once they arrive (within `timeout_s`, and `read_timeout_s` once the request is sent),
 /// then each chunk of the body as soon as it is read (at most `read_timeout_s` apart; a
 /// longer gap ends the body).
-async fn forward(
+pub(crate) async fn forward(
     upstream: &Upstream,
     method: Method,
     path: &str,

@@ -8,10 +8,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode};
-use history_engine::config::{
-    UpstreamConfig, DEFAULT_UPSTREAM_MAX_CONNECTIONS, DEFAULT_UPSTREAM_READ_TIMEOUT_S,
-    DEFAULT_UPSTREAM_TIMEOUT_S,
-};
+use history_engine::config::UpstreamConfig;
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -31,13 +28,7 @@ pub fn resolve(
     let config = match (url, configured) {
         (Some(url), configured) => UpstreamConfig {
             url: url.trim_end_matches('/').to_string(),
-            ..configured.cloned().unwrap_or(UpstreamConfig {
-                url: String::new(),
-                timeout_s: DEFAULT_UPSTREAM_TIMEOUT_S,
-                read_timeout_s: DEFAULT_UPSTREAM_READ_TIMEOUT_S,
-                max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
-                ca_file: None,
-            })
+            ..configured.cloned().unwrap_or_default()
         },
         (None, Some(configured)) => configured.clone(),
         (None, None) => return Ok(None),
@@ -61,6 +52,9 @@ pub struct Upstream {
     pub(crate) read_timeout: Duration,
     /// One permit per request in flight upstream (`max_connections`).
     pub(crate) permits: Arc<Semaphore>,
+    /// `recall_tools`: a session's chat requests offer the model the recall tools
+    /// (docs/mcp.md#the-proxy), at most `max_recall_rounds` rounds of them.
+    pub(crate) recall_rounds: Option<u64>,
 }
 
 impl Upstream {
@@ -85,6 +79,7 @@ impl Upstream {
             timeout: Duration::from_secs(config.timeout_s),
             read_timeout: Duration::from_secs(config.read_timeout_s),
             permits: Arc::new(Semaphore::new(config.max_connections as usize)),
+            recall_rounds: config.recall_tools.then_some(config.max_recall_rounds),
         })
     }
 
@@ -345,7 +340,7 @@ mod tests {
             timeout_s: 5,
             read_timeout_s: 5,
             max_connections: 2,
-            ca_file: None,
+            ..UpstreamConfig::default()
         };
         let flag = resolve(Some("https://b/v1/"), Some(&configured))
             .unwrap()

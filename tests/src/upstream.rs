@@ -86,6 +86,82 @@ pub fn completion(model: &str, content: &str) -> Value {
     })
 }
 
+/// What OpenAI refuses in a chat request's `messages`, as it words it: a `tool` message
+/// that answers no call of the assistant message before it, or an assistant's call left
+/// without its result before the next message of another kind.
+pub fn chat_problem(request: &Value) -> Option<String> {
+    let messages = request["messages"].as_array()?;
+    let mut open: Vec<String> = Vec::new();
+    for (index, message) in messages.iter().enumerate() {
+        match message["role"].as_str() {
+            Some("tool") => {
+                let id = message["tool_call_id"].as_str().unwrap_or("");
+                match open.iter().position(|call| call == id) {
+                    Some(at) => {
+                        open.remove(at);
+                    }
+                    None => {
+                        return Some(format!(
+                            "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls' (messages.[{index}])"
+                        ))
+                    }
+                }
+            }
+            _ => {
+                if !open.is_empty() {
+                    return Some(format!(
+                        "An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: {} (messages.[{index}])",
+                        open.join(", ")
+                    ));
+                }
+                open = message["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|call| call["id"].as_str().map(str::to_string))
+                    .collect();
+            }
+        }
+    }
+    None
+}
+
+/// The model `recall-agent` (docs/mcp.md#the-proxy): offered `expand_message`, it calls
+/// it for the first placeholder that names one (`… expand_message with id "ID" …`);
+/// given the call's result, it answers with what the result said.
+fn recall_agent(request: &Value) -> Value {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let offered = request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|tool| tool["function"]["name"] == "expand_message");
+    let mut answer = completion("recall-agent", "");
+    if let Some(last) = messages.last().filter(|m| m["role"] == "tool") {
+        answer["choices"][0]["message"]["content"] =
+            json!(format!("recalled: {}", last["content"].as_str().unwrap_or("")));
+        return answer;
+    }
+    let wanted = messages.iter().find_map(|m| {
+        let text = m["content"].as_str()?;
+        let rest = text.split("expand_message with id \"").nth(1)?;
+        Some(rest.split('"').next()?.to_string())
+    });
+    match (offered, wanted) {
+        (true, Some(id)) => {
+            answer["choices"][0]["message"] = json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{"id": "call_recall_1", "type": "function",
+                    "function": {"name": "expand_message", "arguments": json!({"id": id}).to_string()}}],
+            });
+            answer["choices"][0]["finish_reason"] = json!("tool_calls");
+        }
+        _ => answer["choices"][0]["message"]["content"] = json!("nothing to recall"),
+    }
+    answer
+}
+
 fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -237,6 +313,27 @@ fn serve(
         }
         let value: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
         let model = value["model"].as_str().unwrap_or("").to_string();
+        if let Some(problem) = chat_problem(&value) {
+            // As OpenAI answers a request it refuses.
+            let body = json!({"error": {"message": problem, "type": "invalid_request_error", "param": "messages", "code": null}}).to_string();
+            write!(
+                reader.get_mut(),
+                "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            reader.get_mut().flush()?;
+            continue;
+        }
+        if model == "recall-agent" {
+            let body = recall_agent(&value).to_string();
+            write!(
+                reader.get_mut(),
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            reader.get_mut().flush()?;
+            continue;
+        }
         if model == "slow" {
             std::thread::sleep(behaviour.slow);
         }

@@ -2,10 +2,12 @@
 //! session whose old tool results are placeholders naming their id, and whose oldest
 //! turns left the working history. The agent searches the whole transcript for a fact
 //! dropped 40 turns ago and finds it first, expands an omitted result (the session keeps
-//! it expanded) and reads messages by id.
+//! it expanded) and reads messages by id. Through the proxy, a stand-in model calls
+//! `expand_message` and the proxy runs it (`[upstream] recall_tools`).
 
 use e2e_tests::python_client;
-use e2e_tests::server::{shipped_config, Server};
+use e2e_tests::server::{agent, shipped_config, Server};
+use e2e_tests::upstream::{chat_problem, Behaviour, Upstream};
 use serde_json::{json, Value};
 
 const PLACEHOLDER: &str = r#"placeholder = "[Omitted: call expand_message with id \"{id}\" to read it]""#;
@@ -149,4 +151,80 @@ fn an_agent_finds_expands_and_reads_what_the_chain_trimmed_over_mcp() {
         unknown["text"][0].as_str().unwrap().contains("no-such-session"),
         "{unknown}"
     );
+}
+
+/// `[upstream] recall_tools`: a session's request reaches a stand-in model that calls
+/// `expand_message` for the placeholder it sees; the proxy runs the call and asks again,
+/// and the client gets one answer, made from the original. Every request the upstream got
+/// was valid (the stand-in refuses a result without its call, as OpenAI does).
+#[test]
+fn through_the_proxy_the_model_recalls_an_omitted_result_and_the_client_sees_one_answer() {
+    let upstream = Upstream::start(Behaviour::default());
+    // Tables of their own, put before the shipped file's first plugin table.
+    let tables = format!(
+        "[upstream]\nurl = \"{}\"\nrecall_tools = true\n\n[models.recall-agent]\nmax_context = 200\n\n[plugin.default]",
+        upstream.base_url()
+    );
+    let config = shipped_config(
+        "",
+        &[
+            (r#"placeholder = "[Omitted]"         # byte-stable"#, PLACEHOLDER),
+            ("[plugin.default]", &tables),
+        ],
+    );
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    let id = server.create("recall-agent");
+    let mut conversation: Vec<Value> = Vec::new();
+    for turn in 1..=8 {
+        conversation.extend(turn_messages(turn).as_array().unwrap().iter().cloned());
+    }
+    conversation.push(json!({"role": "user", "content": "what did the first file say?"}));
+    let response = agent()
+        .post(&format!("http://{}/v1/chat/completions", server.addr))
+        .set("Content-Type", "application/json")
+        .set("X-History-Session", &id)
+        .send_string(&json!({"model": "recall-agent", "messages": conversation}).to_string())
+        .unwrap();
+    assert_eq!(response.header("x-history-recall"), Some("1"));
+    let answer: Value = serde_json::from_str(&response.into_string().unwrap()).unwrap();
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with("recalled: "), "{answer}");
+    assert!(content.contains("contents of file_1.txt"), "{answer}");
+
+    let requests: Vec<Value> = upstream
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .map(|r| r.json())
+        .collect();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    for request in &requests {
+        assert_eq!(chat_problem(request), None, "{request}");
+    }
+    let offered: Vec<&str> = requests[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert_eq!(offered, ["expand_message", "search_history", "get_messages"]);
+    // The first request sent the placeholder; the second carries the call and the original.
+    assert!(
+        requests[0].to_string().contains("call expand_message with id"),
+        "{}",
+        requests[0]
+    );
+    let second = requests[1]["messages"].as_array().unwrap();
+    let result = second.last().unwrap();
+    assert_eq!(result["role"], "tool");
+    assert!(
+        result["content"]
+            .as_str()
+            .unwrap()
+            .contains("contents of file_1.txt"),
+        "{result}"
+    );
+    // The session keeps the result expanded: its working history has the original.
+    let working = server.history(&id, false).to_string();
+    assert!(working.contains("contents of file_1.txt"), "{working}");
 }
