@@ -504,6 +504,59 @@ fn worst_token_throughput() -> (f64, f64) {
 }
 
 /// The process's peak resident set so far, in MB (VmHWM; Linux only, else 0).
+/// A noise PNG of `width` × `height` as an OpenAI `image_url` part's JSON, about as large
+/// as `width * height * 3` bytes of base64 (noise does not compress).
+fn image_part(width: u32, height: u32) -> String {
+    use base64::Engine as _;
+    let mut state = 0x9e37_79b9u32;
+    let pixels: Vec<u8> = (0..width * height * 3)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect();
+    let mut png = Vec::new();
+    let mut encoder = png::Encoder::new(&mut png, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    let mut writer = encoder.write_header().expect("a PNG header");
+    writer.write_image_data(&pixels).expect("PNG data");
+    drop(writer);
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&png));
+    json!({"type": "image_url", "image_url": {"url": url, "detail": "high"}}).to_string()
+}
+
+/// What counting one ~1 MB base64 screenshot costs (docs/wire-format.md#parts): a header
+/// read, never the tokenizer. Median and best of `calls` counts of a fresh message each
+/// (an image's count is not remembered on its message: it depends on the model's rules).
+fn media_counting(calls: usize) -> Result<Value> {
+    let part = image_part(560, 420);
+    let message = history_wire::chat::parse_message(&json!({"role": "user", "content": [
+        {"type": "text", "text": "the screen now"},
+        serde_json::from_str::<Value>(&part).map_err(|e| e.to_string())?,
+    ]}))
+    .map_err(|e| e.to_string())?;
+    let tokenized = tokens::bytes_tokenized();
+    let mut times = Vec::with_capacity(calls);
+    let mut count = 0;
+    for _ in 0..calls {
+        let fresh = message.clone();
+        let started = Instant::now();
+        count = tokens::message_tokens(Tokenizer::O200kBase, &fresh, 0);
+        times.push(started.elapsed());
+    }
+    let tokenized = tokens::bytes_tokenized() - tokenized;
+    times.sort();
+    Ok(json!({
+        "image_json_bytes": part.len(),
+        "tokens": count,
+        "count_median_us": round(us(median(&times)), 2),
+        "count_best_us": round(us(times[0]), 2),
+        "bytes_tokenized_per_count": tokenized / calls as u64,
+    }))
+}
+
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -647,6 +700,7 @@ fn run(args: &[String]) -> Result<()> {
     let (cl100k_throughput, _) = token_throughput(&replay_history, Tokenizer::Cl100kBase)?;
     let (one_letter, acgt) = worst_token_throughput();
     let (reference_load, reference_throughput) = reference_token_throughput(&replay_history)?;
+    let media = media_counting(1000)?;
 
     let per_plugin = |single: &Single| -> BTreeMap<String, f64> {
         single
@@ -746,6 +800,7 @@ fn run(args: &[String]) -> Result<()> {
             "bytes_tokenized": first.bytes_tokenized,
             "bytes_entered": first.bytes_entered,
         },
+        "media": media,
         "peak_rss_mb": round(peak_rss, 1),
         "tokenizer_init_ms": round(ms(tokenizer_init), 1),
         "cl100k_init_ms": round(ms(cl100k_init), 1),
@@ -866,6 +921,15 @@ fn print_table(r: &Value) {
     println!(
         "           bytes tokenized / entered over a replay: {}",
         tokens["bytes_tokenized_ratio"]
+    );
+    let media = &r["media"];
+    println!(
+        "media      one {}-byte base64 screenshot counted: {} tokens in {} µs (median; best {} µs), {} bytes tokenized",
+        media["image_json_bytes"],
+        media["tokens"],
+        media["count_median_us"],
+        media["count_best_us"],
+        media["bytes_tokenized_per_count"]
     );
     println!("peak RSS   {} MB (after the replays)", r["peak_rss_mb"]);
     println!(

@@ -9,8 +9,10 @@ use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
 pub mod edit;
+mod models;
 mod server;
 mod store;
+pub use models::{ImageRule, MediaRules, ModelTable, UnknownModels, DEFAULT_DOCUMENT_TOKENS_PER_PAGE};
 pub use server::{ServerConfig, DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_SHUTDOWN_GRACE_S};
 mod summarizer;
 mod upstream;
@@ -56,25 +58,6 @@ impl OnPluginError {
             OnPluginError::Fail => "fail",
         }
     }
-}
-
-/// What a model name the file does not list gets (`[models] unknown`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UnknownModels {
-    /// Refused, naming the listed models: a typo must not silently get another window
-    /// and tokenizer.
-    #[default]
-    Refuse,
-    /// `[models.default]`'s settings (with a warning where one can be given).
-    Default,
-}
-
-/// A `[models.NAME]` table as written (keys it lacks are `None`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ModelTable {
-    pub max_context: Option<u64>,
-    pub context_tokens: Option<u64>,
-    pub tokenizer: Option<Tokenizer>,
 }
 
 /// A `[plugin.NAME]` table, handed to the plugin as JSON.
@@ -549,55 +532,10 @@ impl Config {
             None => None,
         };
 
-        let mut models = Vec::new();
-        let mut unknown_models = UnknownModels::default();
-        if let Some(table) = reader.table(root, "models", "the top level")? {
-            for (name, item) in table.iter() {
-                if name == "unknown" && !item.is_table() {
-                    unknown_models = match reader.string(table, "unknown", "[models]")? {
-                        Some("refuse") => UnknownModels::Refuse,
-                        Some("default") => UnknownModels::Default,
-                        other => {
-                            return Err(reader.key_error(
-                                table,
-                                "unknown",
-                                format!(
-                                    "`unknown` in [models] must be \"refuse\" or \"default\", found {}",
-                                    echo::quoted(other.unwrap_or(""))
-                                ),
-                            ))
-                        }
-                    };
-                    continue;
-                }
-                let place = format!("[models.{}]", echo::bare(name));
-                let Some(model) = reader.table(table, name, "[models]")? else {
-                    continue;
-                };
-                reader.refuse_unknown(model, &place, &["max_context", "context_tokens", "tokenizer"])?;
-                let tokenizer = match reader.string(model, "tokenizer", &place)? {
-                    None => None,
-                    Some(t) => Some(Tokenizer::parse(t).ok_or_else(|| {
-                        reader.key_error(
-                            model,
-                            "tokenizer",
-                            format!(
-                                "`tokenizer` in {place} must be one of o200k_base, cl100k_base, chars4, found {}",
-                                echo::quoted(t)
-                            ),
-                        )
-                    })?),
-                };
-                models.push((
-                    name.to_string(),
-                    ModelTable {
-                        max_context: reader.integer(model, "max_context", &place, 1)?,
-                        context_tokens: reader.integer(model, "context_tokens", &place, 1)?,
-                        tokenizer,
-                    },
-                ));
-            }
-        }
+        let (models, unknown_models) = match reader.table(root, "models", "the top level")? {
+            None => (Vec::new(), UnknownModels::default()),
+            Some(table) => models::read(&reader, table)?,
+        };
 
         let mut plugins = Vec::new();
         if let Some(table) = reader.table(root, "plugin", "the top level")? {
@@ -688,6 +626,21 @@ impl Config {
                 .or_else(|| fallback.and_then(|t| t.tokenizer))
                 .unwrap_or(DEFAULT_TOKENIZER),
             effective_ctx: self.agent_max_ctx.min(max_context),
+        }
+    }
+
+    /// What model `name`'s non-text parts cost (docs/wire-format.md#parts): its table's
+    /// keys, else `[models.default]`'s, else the defaults.
+    pub fn media_rules(&self, name: &str) -> MediaRules {
+        let table = |n: &str| self.models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
+        let (listed, fallback) = (table(name), table("default"));
+        let pick = |f: fn(&ModelTable) -> Option<u64>| listed.and_then(f).or_else(|| fallback.and_then(f));
+        MediaRules {
+            image: listed
+                .and_then(|t| t.image_tokens)
+                .or_else(|| fallback.and_then(|t| t.image_tokens)),
+            image_unknown: pick(|t| t.image_tokens_unknown),
+            document_per_page: pick(|t| t.document_tokens_per_page).unwrap_or(DEFAULT_DOCUMENT_TOKENS_PER_PAGE),
         }
     }
 

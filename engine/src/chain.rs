@@ -9,7 +9,7 @@ use plugin_api::structure::Faults;
 use plugin_api::{Context, Event, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice};
 
 use crate::check::check_stage;
-use crate::config::{Config, ConfigError, OnPluginError};
+use crate::config::{Config, ConfigError, MediaRules, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
 use crate::library::{instantiate_library, load_context, table_error};
@@ -94,6 +94,10 @@ pub struct Chain {
     calls: Pool<CallResult>,
     /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
     pub(crate) required: Vec<String>,
+    /// What each listed model's media parts cost, and an unlisted one's (docs/wire-format.md#parts):
+    /// in force while a run counts tokens (`tokens::with_media_rules`).
+    media: Vec<(String, MediaRules)>,
+    media_unlisted: MediaRules,
 }
 
 /// Which entry point a run calls.
@@ -278,7 +282,22 @@ impl Chain {
             required,
             deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
             calls: Pool::new(),
+            media: config
+                .models
+                .iter()
+                .map(|(name, _)| (name.clone(), config.media_rules(name)))
+                .collect(),
+            // A name no table has: `[models.default]`'s keys, else the defaults.
+            media_unlisted: config.media_rules(""),
         }
+    }
+
+    /// What model `name`'s media parts cost in this chain's configuration.
+    pub fn media_rules(&self, name: &str) -> MediaRules {
+        self.media
+            .iter()
+            .find(|(model, _)| model == name)
+            .map_or(self.media_unlisted, |(_, rules)| *rules)
     }
 
     /// The deadline of one plugin call (`plugin_timeout_ms`), if any.
@@ -324,6 +343,14 @@ impl Chain {
     /// whatever `on_plugin_error` says: unredacted text must never be stored or sent.
     /// Messages need their identities ([`turns::stamp_entering`] or [`turns::prepare`]).
     pub fn ingest(
+        &self,
+        messages: Vec<RArc<Message>>,
+        ctx: &Context,
+    ) -> Result<(Vec<RArc<Message>>, Vec<StageReport>), PluginFailure> {
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || self.ingest_counted(messages, ctx))
+    }
+
+    fn ingest_counted(
         &self,
         messages: Vec<RArc<Message>>,
         ctx: &Context,
@@ -396,6 +423,19 @@ impl Chain {
     /// `previous` (the previous turn's sent history) is kept byte for byte: `prefix_kept`,
     /// what each plugin costs the provider's prompt cache.
     pub fn run_compared(
+        &self,
+        history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+        previous: Option<&[RArc<Message>]>,
+    ) -> Result<ChainRun, PluginFailure> {
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
+            self.run_counted(history, ctx, call, previous)
+        })
+    }
+
+    /// [`Chain::run_compared`] with the model's media rules in force.
+    fn run_counted(
         &self,
         mut history: Vec<RArc<Message>>,
         ctx: &Context,
@@ -580,9 +620,12 @@ impl Chain {
             // The caller's span (a sample run's) goes with the call to the helper thread,
             // so the plugin's log lines carry it.
             let span = tracing::Span::current();
+            let media = tokens::media_rules();
             Box::new(move || {
                 span.in_scope(|| {
-                    logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+                    tokens::with_media_rules(media, || {
+                        logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+                    })
                 })
             })
         };

@@ -44,6 +44,7 @@ pub mod expand;
 pub mod isolate;
 mod library;
 mod loader;
+pub mod media;
 pub mod logging;
 pub mod output;
 pub mod probe;

@@ -18,7 +18,11 @@ use std::sync::{Mutex, OnceLock};
 
 use rustc_hash::FxHasher;
 
-use plugin_api::{Message, RArc, Tokenizer};
+use plugin_api::parts::PartKind;
+use plugin_api::{Content, Message, Part, RArc, Role, Tokenizer};
+
+use crate::config::MediaRules;
+use crate::media;
 
 /// The per-message overhead of docs/plugins.md#token_budget's formula when nothing else is configured.
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
@@ -145,17 +149,65 @@ pub(crate) fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
     count
 }
 
-/// Σ tokens(item) over a message's items, remembered on the message.
+thread_local! {
+    /// The media rules of the run counting on this thread (`with_media_rules`).
+    static MEDIA_RULES: std::cell::Cell<Option<MediaRules>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with `rules` as what media parts cost on this thread: a chain run sets its
+/// model's, and hands them to a plugin call's helper thread.
+pub fn with_media_rules<R>(rules: MediaRules, f: impl FnOnce() -> R) -> R {
+    let previous = MEDIA_RULES.with(|cell| cell.replace(Some(rules)));
+    let result = f();
+    MEDIA_RULES.with(|cell| cell.set(previous));
+    result
+}
+
+/// The media rules in force on this thread (the defaults outside a run).
+pub fn media_rules() -> MediaRules {
+    MEDIA_RULES.with(|cell| cell.get()).unwrap_or_default()
+}
+
+/// Σ tokens over a message's parts, tool calls and reasoning members
+/// (docs/wire-format.md#parts): text by the tokenizer, media and reasoning by their own
+/// rules ([`crate::media`]), any other part as its JSON text. Remembered on the message
+/// unless it holds an image or a document, whose cost depends on the model's rules.
 pub(crate) fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
     let memo = message.token_memo();
     if let Some(count) = memo.get(tokenizer.slot()) {
         return count;
     }
-    let count = message
-        .token_items()
-        .map(|item| count_item(tokenizer, item))
-        .sum();
-    memo.set(tokenizer.slot(), count);
+    let rules = media_rules();
+    let mut by_rules = false;
+    let mut count = 0;
+    let mut part = |part: &Part| match part {
+        Part::Text { text, .. } => count_item(tokenizer, text),
+        Part::Opaque { json } => match media::opaque_tokens(tokenizer, json, &rules) {
+            Some(tokens) => {
+                by_rules |= matches!(part.kind(), PartKind::Image | PartKind::Document);
+                tokens
+            }
+            None => count_item(tokenizer, json),
+        },
+    };
+    match &message.content {
+        Content::Null => {}
+        Content::Text(text) => count += count_item(tokenizer, text),
+        Content::Parts(parts) => count += parts.iter().map(&mut part).sum::<u64>(),
+    }
+    for call in message.tool_calls.iter() {
+        count += count_item(tokenizer, &call.name) + count_item(tokenizer, &call.arguments);
+    }
+    if message.role == Role::Assistant {
+        count += message
+            .extra
+            .iter()
+            .map(|m| media::reasoning_member_tokens(tokenizer, &m.key, &m.json))
+            .sum::<u64>();
+    }
+    if !by_rules {
+        memo.set(tokenizer.slot(), count);
+    }
     count
 }
 

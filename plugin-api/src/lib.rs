@@ -157,6 +157,7 @@ pub mod event;
 pub mod faithful;
 pub mod message;
 pub mod naming;
+pub mod parts;
 pub mod plugin;
 pub mod structure;
 pub mod text;
