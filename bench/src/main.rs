@@ -523,7 +523,10 @@ fn image_part(width: u32, height: u32) -> String {
     let mut writer = encoder.write_header().expect("a PNG header");
     writer.write_image_data(&pixels).expect("PNG data");
     drop(writer);
-    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&png));
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&png)
+    );
     json!({"type": "image_url", "image_url": {"url": url, "detail": "high"}}).to_string()
 }
 

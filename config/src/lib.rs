@@ -640,7 +640,8 @@ impl Config {
                 .and_then(|t| t.image_tokens)
                 .or_else(|| fallback.and_then(|t| t.image_tokens)),
             image_unknown: pick(|t| t.image_tokens_unknown),
-            document_per_page: pick(|t| t.document_tokens_per_page).unwrap_or(DEFAULT_DOCUMENT_TOKENS_PER_PAGE),
+            document_per_page: pick(|t| t.document_tokens_per_page)
+                .unwrap_or(DEFAULT_DOCUMENT_TOKENS_PER_PAGE),
         }
     }
 

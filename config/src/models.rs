@@ -193,7 +193,8 @@ mod tests {
         );
         let err = parse("[models.x]\nimage_tokens = \"tiles\"\n").unwrap_err();
         assert!(
-            err.message.contains("`image_tokens` in [models.x] must be \"openai-tiles\" or \"anthropic-area\""),
+            err.message
+                .contains("`image_tokens` in [models.x] must be \"openai-tiles\" or \"anthropic-area\""),
             "{err}"
         );
         assert_eq!(err.line, Some(2));

@@ -347,7 +347,9 @@ impl Chain {
         messages: Vec<RArc<Message>>,
         ctx: &Context,
     ) -> Result<(Vec<RArc<Message>>, Vec<StageReport>), PluginFailure> {
-        tokens::with_media_rules(self.media_rules(&ctx.model.name), || self.ingest_counted(messages, ctx))
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
+            self.ingest_counted(messages, ctx)
+        })
     }
 
     fn ingest_counted(

@@ -86,7 +86,10 @@ fn le16(b: &[u8], at: usize) -> Option<u64> {
 fn size_from_header(b: &[u8]) -> Header {
     let found = |size: Option<(u64, u64)>| size.map_or(Header::Unknown, |(w, h)| Header::Size(w, h));
     if b.starts_with(b"\x89PNG\r\n\x1a\n") {
-        let be32 = |at: usize| b.get(at..at + 4).map(|s| u64::from(u32::from_be_bytes(s.try_into().unwrap())));
+        let be32 = |at: usize| {
+            b.get(at..at + 4)
+                .map(|s| u64::from(u32::from_be_bytes(s.try_into().unwrap())))
+        };
         return found(be32(16).zip(be32(20)));
     }
     if b.starts_with(b"GIF87a") || b.starts_with(b"GIF89a") {
@@ -94,7 +97,9 @@ fn size_from_header(b: &[u8]) -> Header {
     }
     if b.len() >= 30 && &b[0..4] == b"RIFF" && &b[8..12] == b"WEBP" {
         return found(match &b[12..16] {
-            b"VP8 " => le16(b, 26).zip(le16(b, 28)).map(|(w, h)| (w & 0x3fff, h & 0x3fff)),
+            b"VP8 " => le16(b, 26)
+                .zip(le16(b, 28))
+                .map(|(w, h)| (w & 0x3fff, h & 0x3fff)),
             b"VP8L" => {
                 let (b1, b2, b3, b4) = (
                     u64::from(b[21]),
@@ -102,10 +107,14 @@ fn size_from_header(b: &[u8]) -> Header {
                     u64::from(b[23]),
                     u64::from(b[24]),
                 );
-                Some((1 + (b1 | (b2 & 0x3f) << 8), 1 + (b2 >> 6 | b3 << 2 | (b4 & 0xf) << 10)))
+                Some((
+                    1 + (b1 | (b2 & 0x3f) << 8),
+                    1 + (b2 >> 6 | b3 << 2 | (b4 & 0xf) << 10),
+                ))
             }
             b"VP8X" => {
-                let le24 = |at: usize| u64::from(b[at]) | u64::from(b[at + 1]) << 8 | u64::from(b[at + 2]) << 16;
+                let le24 =
+                    |at: usize| u64::from(b[at]) | u64::from(b[at + 1]) << 8 | u64::from(b[at + 2]) << 16;
                 Some((1 + le24(24), 1 + le24(27)))
             }
             _ => None,
@@ -412,8 +421,14 @@ mod tests {
     fn the_providers_published_examples_hold() {
         // OpenAI: a 1024 × 1024 high-detail image is 765 tokens; low detail 85.
         let square = png(1024, 1024);
-        assert_eq!(opaque_tokens(Tokenizer::O200kBase, &openai_image(&square, "high"), &RULES), Some(765));
-        assert_eq!(opaque_tokens(Tokenizer::O200kBase, &openai_image(&square, "low"), &RULES), Some(85));
+        assert_eq!(
+            opaque_tokens(Tokenizer::O200kBase, &openai_image(&square, "high"), &RULES),
+            Some(765)
+        );
+        assert_eq!(
+            opaque_tokens(Tokenizer::O200kBase, &openai_image(&square, "low"), &RULES),
+            Some(85)
+        );
         // 2048 × 4096: fit 1024 × 2048, then 768 × 1536: 2 × 3 tiles = 1,105.
         assert_eq!(image_rule_tokens(ImageRule::OpenAiTiles, 2048, 4096, false), 1105);
         // Anthropic: 1000 × 1000 is about 1,334 (w × h / 750).
@@ -427,7 +442,10 @@ mod tests {
             image: Some(ImageRule::OpenAiTiles),
             ..RULES
         };
-        assert_eq!(opaque_tokens(Tokenizer::O200kBase, &anthropic_image(&square), &tiles), Some(765));
+        assert_eq!(
+            opaque_tokens(Tokenizer::O200kBase, &anthropic_image(&square), &tiles),
+            Some(765)
+        );
     }
 
     #[test]
@@ -445,7 +463,10 @@ mod tests {
         opaque_tokens(Tokenizer::O200kBase, &big, &RULES);
         // (Other tests tokenize short texts meanwhile: the counter is the process's.)
         let tokenized = crate::tokens::bytes_tokenized() - before;
-        assert!(tokenized < big.len() as u64 / 4, "no base64 reaches the tokenizer: {tokenized}");
+        assert!(
+            tokenized < big.len() as u64 / 4,
+            "no base64 reaches the tokenizer: {tokenized}"
+        );
     }
 
     #[test]
@@ -477,7 +498,9 @@ mod tests {
         wav.extend_from_slice(b"data");
         wav.extend_from_slice(&(samples as u32 * 2).to_le_bytes());
         wav.extend(std::iter::repeat_n(0u8, samples * 2));
-        let audio = serde_json::json!({"type": "input_audio", "input_audio": {"data": b64(&wav), "format": "wav"}}).to_string();
+        let audio =
+            serde_json::json!({"type": "input_audio", "input_audio": {"data": b64(&wav), "format": "wav"}})
+                .to_string();
         assert_eq!(opaque_tokens(Tokenizer::O200kBase, &audio, &RULES), Some(20));
 
         let thinking = r#"{"type":"thinking","thinking":"hello world","signature":"EqQBCkgIARABGAIiQ"}"#;
@@ -486,8 +509,17 @@ mod tests {
         assert_eq!(opaque_tokens(Tokenizer::O200kBase, redacted, &RULES), Some(4));
         let item = r#"{"type":"reasoning","summary":[{"type":"summary_text","text":"hello world"}],"encrypted_content":"12345678"}"#;
         assert_eq!(opaque_tokens(Tokenizer::O200kBase, item, &RULES), Some(2 + 2));
-        assert_eq!(reasoning_member_tokens(Tokenizer::O200kBase, "reasoning_content", "\"hello world\""), 2);
-        assert_eq!(reasoning_member_tokens(Tokenizer::O200kBase, "other", "\"hello world\""), 0);
-        assert_eq!(opaque_tokens(Tokenizer::O200kBase, r#"{"type":"web_search_call"}"#, &RULES), None);
+        assert_eq!(
+            reasoning_member_tokens(Tokenizer::O200kBase, "reasoning_content", "\"hello world\""),
+            2
+        );
+        assert_eq!(
+            reasoning_member_tokens(Tokenizer::O200kBase, "other", "\"hello world\""),
+            0
+        );
+        assert_eq!(
+            opaque_tokens(Tokenizer::O200kBase, r#"{"type":"web_search_call"}"#, &RULES),
+            None
+        );
     }
 }

@@ -79,9 +79,18 @@ mod tests {
             opaque(r#"{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBOR"}}"#),
             PartKind::Image
         );
-        assert_eq!(opaque(r#"{"type":"document","source":{"type":"text","data":"x"}}"#), PartKind::Document);
-        assert_eq!(opaque(r#"{"type":"input_audio","input_audio":{"data":"UklG","format":"wav"}}"#), PartKind::Audio);
-        assert_eq!(opaque(r#"{"type":"thinking","thinking":"hm","signature":"s"}"#), PartKind::Reasoning);
+        assert_eq!(
+            opaque(r#"{"type":"document","source":{"type":"text","data":"x"}}"#),
+            PartKind::Document
+        );
+        assert_eq!(
+            opaque(r#"{"type":"input_audio","input_audio":{"data":"UklG","format":"wav"}}"#),
+            PartKind::Audio
+        );
+        assert_eq!(
+            opaque(r#"{"type":"thinking","thinking":"hm","signature":"s"}"#),
+            PartKind::Reasoning
+        );
         assert_eq!(opaque(r#"{"type":"web_search_call","id":"w"}"#), PartKind::Other);
         assert_eq!(opaque(r#"{"no_type":1}"#), PartKind::Other);
         assert!(PartKind::Image.is_media() && !PartKind::Reasoning.is_media());

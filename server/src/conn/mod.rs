@@ -128,6 +128,25 @@ async fn refuse(mut tcp: TcpStream, max: usize) {
     .await;
 }
 
+/// Running out of descriptors, told once per burst: the first failed accept is logged,
+/// the rest until an accept works again are not (docs/http-api.md#connections).
+#[derive(Default)]
+struct Exhaustion {
+    during: AtomicBool,
+}
+
+impl Exhaustion {
+    /// An accept failed for want of descriptors: whether this starts a burst.
+    fn failed(&self) -> bool {
+        !self.during.swap(true, Ordering::Relaxed)
+    }
+
+    /// An accept worked: whether this ends a burst.
+    fn recovered(&self) -> bool {
+        self.during.swap(false, Ordering::Relaxed)
+    }
+}
+
 fn out_of_descriptors(e: &std::io::Error) -> bool {
     #[cfg(unix)]
     {
@@ -164,7 +183,7 @@ pub(crate) async fn serve(
     // A descriptor kept spare: when the process runs out, it is let go for a moment so the
     // waiting client can be accepted and answered instead of left hanging.
     let mut spare = std::fs::File::open("/dev/null").ok();
-    let exhausted = AtomicBool::new(false);
+    let exhausted = Exhaustion::default();
     let mut builder = hyper::server::conn::http1::Builder::new();
     // Our watchdog keeps the header and idle clocks (`socket`); hyper's one timer would
     // count an idle keep-alive connection as a slow head.
@@ -177,14 +196,13 @@ pub(crate) async fn serve(
         };
         let tcp = match accepted {
             Ok((tcp, _)) => {
-                if exhausted.swap(false, Ordering::Relaxed) {
+                if exhausted.recovered() {
                     tracing::info!("accepting connections again");
                 }
                 tcp
             }
             Err(e) if out_of_descriptors(&e) => {
-                // Once per burst: the first refusal is logged, the rest until an accept works are not.
-                if !exhausted.swap(true, Ordering::Relaxed) {
+                if exhausted.failed() {
                     tracing::error!(
                         "out of file descriptors ({e}): RLIMIT_NOFILE is {}; raise it (ulimit -n, or \
                          LimitNOFILE= under systemd) or lower [server] max_connections (now {})",
@@ -291,6 +309,27 @@ pub(crate) async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_is_told_once_per_burst() {
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert!(out_of_descriptors(&emfile));
+        assert!(out_of_descriptors(&std::io::Error::from_raw_os_error(
+            libc::ENFILE
+        )));
+        assert!(!out_of_descriptors(&std::io::Error::from_raw_os_error(
+            libc::ECONNABORTED
+        )));
+        let exhaustion = Exhaustion::default();
+        assert!(!exhaustion.recovered(), "no burst yet");
+        assert!(exhaustion.failed(), "the first failure is logged");
+        assert!(
+            !exhaustion.failed() && !exhaustion.failed(),
+            "the rest of the burst is not"
+        );
+        assert!(exhaustion.recovered(), "the end of the burst is");
+        assert!(exhaustion.failed(), "a new burst is logged again");
+    }
 
     #[test]
     fn the_cap_stays_under_the_descriptor_limit() {

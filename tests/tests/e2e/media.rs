@@ -36,7 +36,10 @@ fn screenshot(seed: u32) -> String {
     writer.write_image_data(&pixels).unwrap();
     drop(writer);
     use base64::Engine as _;
-    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&out))
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&out)
+    )
 }
 
 /// The conversation: a task, then per step a click, its result and a screenshot.
@@ -57,7 +60,9 @@ fn conversation(with_images: bool) -> Vec<Value> {
 
 fn tokens_in(answer: &Value) -> (u64, u64, String) {
     let headers = &answer["headers"];
-    let tokens = headers["x-history-tokens"].as_str().unwrap_or_else(|| panic!("{answer}"));
+    let tokens = headers["x-history-tokens"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"));
     let (tin, tout) = tokens.split_once("->").unwrap();
     let messages = headers["x-history-messages"].as_str().unwrap().to_string();
     (tin.parse().unwrap(), tout.parse().unwrap(), messages)
@@ -82,7 +87,10 @@ fn screenshots_count_by_the_tile_rule_and_evict_no_text() {
     };
     let with = conversation(true);
     let request_bytes = serde_json::to_string(&with).unwrap().len();
-    assert!(request_bytes > 30 * 50_000, "screenshots of realistic size: {request_bytes} bytes");
+    assert!(
+        request_bytes > 30 * 50_000,
+        "screenshots of realistic size: {request_bytes} bytes"
+    );
     let images = ask(with.clone());
     let text_only = ask(conversation(false));
     let (with_in, with_out, with_messages) = tokens_in(&images);
@@ -105,6 +113,11 @@ fn screenshots_count_by_the_tile_rule_and_evict_no_text() {
         .next()
         .unwrap();
     assert_eq!(sent["messages"].as_array().unwrap().len(), n);
-    assert_eq!(sent["messages"].to_string().matches("data:image/png;base64,").count(), STEPS);
+    assert_eq!(
+        sent["messages"]
+            .to_string()
+            .matches("data:image/png;base64,")
+            .count(),
+        STEPS
+    );
 }
-
