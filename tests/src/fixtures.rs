@@ -130,6 +130,12 @@ pub fn plugin_built_against_changed_api(change: ApiChange) -> PathBuf {
         "rustc-hash = \"2\"",
     );
     patch(&api.join("Cargo.toml"), "[lints]\nworkspace = true\n", "");
+    // Its tests' dependencies are the workspace's; a plugin build needs none of them.
+    patch(
+        &api.join("Cargo.toml"),
+        "[dev-dependencies]\n# The integration tests build their histories from JSON, as plugin authors do.\nhistory-wire.workspace = true\nplugin-testing.workspace = true\n",
+        "",
+    );
     let name = format!("changed_{kind}");
     let plugin = root.join("plugin");
     std::fs::create_dir_all(plugin.join("src")).unwrap();
