@@ -137,7 +137,8 @@ pub fn context(effective_ctx: u64, turn: u64) -> Context {
 /// model `test`, turn 1, `chars4` counting.
 ///
 /// ```
-/// use plugin_api::{testing, Tokenizer};
+/// use plugin_api::Tokenizer;
+/// use plugin_testing as testing;
 /// let ctx = testing::settings().effective_ctx(16).turn(3).model("small").tokenizer(Tokenizer::O200kBase).context();
 /// assert_eq!((ctx.effective_ctx, ctx.turn, ctx.model.name.as_str()), (16, 3, "small"));
 /// ```
