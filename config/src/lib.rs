@@ -9,7 +9,9 @@ use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
 pub mod edit;
+mod history;
 mod models;
+use history::HistoryTable;
 mod server;
 mod store;
 pub use models::{ImageRule, MediaRules, ModelTable, UnknownModels, DEFAULT_DOCUMENT_TOKENS_PER_PAGE};
@@ -406,121 +408,19 @@ impl Config {
             Some(table) => Some(upstream::read(&reader, table, base)?),
         };
 
-        let (mut agent_max_ctx, mut chain, mut view, mut on_plugin_error, mut required) = (
-            DEFAULT_AGENT_MAX_CTX,
-            vec!["default".to_string()],
-            Vec::new(),
-            OnPluginError::Skip,
-            Vec::new(),
-        );
-        let mut isolate = Vec::new();
-        let mut ingest = Vec::new();
-        let mut plugin_timeout_ms = DEFAULT_PLUGIN_TIMEOUT_MS;
-        if let Some(history) = reader.table(root, "history", "the top level")? {
-            let place = "[history]";
-            reader.refuse_unknown(
-                history,
-                place,
-                &[
-                    "agent_max_ctx",
-                    "chain",
-                    "view",
-                    "on_plugin_error",
-                    "plugin_timeout_ms",
-                    "required",
-                    "isolate",
-                    "ingest",
-                ],
-            )?;
-            plugin_timeout_ms = reader
-                .integer(history, "plugin_timeout_ms", place, 0)?
-                .unwrap_or(plugin_timeout_ms);
-            agent_max_ctx = reader
-                .integer(history, "agent_max_ctx", place, 1)?
-                .unwrap_or(agent_max_ctx);
-            if let Some(item) = history.get("chain") {
-                chain = parse_plugin_list(&reader, history, "chain", item)?;
-                check_default_first(&reader, history, &chain)?;
-            }
-            if let Some(item) = history.get("view") {
-                view = parse_plugin_list(&reader, history, "view", item)?;
-                for name in &view {
-                    let refuse = |message: String| Err(reader.key_error(history, "view", message));
-                    if name == "default" {
-                        return refuse(
-                            "\"default\" cannot be in the view: it is the first stage of the chain"
-                                .to_string(),
-                        );
-                    }
-                    if chain.contains(name) {
-                        return refuse(format!(
-                            "plugin \"{name}\" is in both the chain and the view: a plugin runs in one of them"
-                        ));
-                    }
-                }
-            }
-            if let Some(item) = history.get("ingest") {
-                ingest = parse_plugin_list(&reader, history, "ingest", item)?;
-                for name in &ingest {
-                    let refuse = |message: String| Err(reader.key_error(history, "ingest", message));
-                    if name == "default" {
-                        return refuse(
-                            "\"default\" cannot be in ingest: it is the first stage of the chain".to_string(),
-                        );
-                    }
-                    if chain.contains(name) || view.contains(name) {
-                        return refuse(format!(
-                            "plugin \"{name}\" is in ingest and in the {}: a plugin runs in one of them",
-                            if chain.contains(name) { "chain" } else { "view" }
-                        ));
-                    }
-                }
-            }
-            on_plugin_error = match reader.string(history, "on_plugin_error", place)? {
-                None | Some("skip") => OnPluginError::Skip,
-                Some("fail") => OnPluginError::Fail,
-                Some(other) => {
-                    return Err(reader.key_error(
-                        history,
-                        "on_plugin_error",
-                        format!(
-                            "`on_plugin_error` must be \"skip\" or \"fail\", found {}",
-                            echo::quoted(other)
-                        ),
-                    ))
-                }
-            };
-            if let Some(item) = history.get("required") {
-                required = parse_plugin_list(&reader, history, "required", item)?;
-                if let Some(name) = required
-                    .iter()
-                    .find(|n| !chain.contains(n) && !view.contains(n) && !ingest.contains(n))
-                {
-                    return Err(reader.key_error(
-                        history,
-                        "required",
-                        format!(
-                            "plugin \"{name}\" in `required` is in neither the chain nor the view: a required plugin must run"
-                        ),
-                    ));
-                }
-            }
-            if let Some(item) = history.get("isolate") {
-                isolate = parse_plugin_list(&reader, history, "isolate", item)?;
-                if let Some(name) = isolate
-                    .iter()
-                    .find(|n| !chain.contains(n) && !view.contains(n) && !ingest.contains(n))
-                {
-                    return Err(reader.key_error(
-                        history,
-                        "isolate",
-                        format!(
-                            "plugin \"{name}\" in `isolate` is in neither the chain nor the view: only a plugin that runs can be isolated"
-                        ),
-                    ));
-                }
-            }
-        }
+        let HistoryTable {
+            agent_max_ctx,
+            chain,
+            view,
+            ingest,
+            on_plugin_error,
+            required,
+            isolate,
+            plugin_timeout_ms,
+        } = match reader.table(root, "history", "the top level")? {
+            Some(table) => history::read(&reader, table)?,
+            None => HistoryTable::default(),
+        };
 
         let server = match reader.table(root, "server", "the top level")? {
             Some(table) => server::read(&reader, table)?,
