@@ -6,7 +6,7 @@
 use history_sessions::clock::rfc3339;
 use history_sessions::reload::LastReload;
 use history_sessions::session::{SwitchOutcome, TurnOutcome};
-use history_sessions::{CommandAnswer, SessionInfo};
+use history_sessions::{CommandAnswer, SessionInfo, TurnRecord};
 use serde_json::{json, Value};
 
 /// The form a history is answered in (docs/http-api.md#forms): `full`, each message with
@@ -197,5 +197,58 @@ pub(crate) fn last_reload_json(last: &LastReload) -> Value {
         "at": rfc3339(last.at),
         "outcome": if last.error.is_none() { "ok" } else { "failed" },
         "error": last.error,
+    })
+}
+
+/// A turn's record as `GET /v1/sessions/{id}/turns` shows it (docs/http-api.md#turns).
+pub(crate) fn turn_record_json(record: &TurnRecord) -> Value {
+    let stages: Vec<Value> = record
+        .stages
+        .iter()
+        .map(|s| {
+            json!({
+                "plugin": s.plugin,
+                "view": s.view,
+                "ingest": s.ingest,
+                "messages_in": s.messages_in,
+                "messages_out": s.messages_out,
+                "tokens_in": s.tokens_in,
+                "tokens_out": s.tokens_out,
+                "ms": s.ms,
+                "skipped": s.skipped,
+                "quarantined": s.quarantined,
+            })
+        })
+        .collect();
+    let events: Vec<Value> = record
+        .events
+        .iter()
+        .map(|e| {
+            json!({
+                "plugin": e.plugin,
+                "kind": e.kind,
+                "index": e.index,
+                "id": e.id,
+                "reason": e.reason,
+                "tokens_saved": e.tokens_saved,
+            })
+        })
+        .collect();
+    json!({
+        "turn": record.turn,
+        "at": rfc3339(record.at),
+        "model": record.model,
+        "entered": record.entered,
+        "entered_tokens": record.entered_tokens,
+        "messages_in": record.messages_in,
+        "messages_sent": record.messages_sent,
+        "tokens_in": record.tokens_in,
+        "tokens_sent": record.tokens_sent,
+        "working_size": record.working_size,
+        "transcript_tokens": record.transcript_tokens,
+        "prefix_kept": record.prefix_kept,
+        "stages": stages,
+        "events": events,
+        "events_total": record.events_total,
     })
 }

@@ -12,6 +12,7 @@ mod conn;
 mod proxy;
 mod resent;
 mod routes;
+mod ui;
 mod upstream;
 
 use std::net::SocketAddr;

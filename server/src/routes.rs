@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use crate::answers::{
-    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, HistoryForm,
+    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json,
+    turn_record_json, HistoryForm,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -29,7 +30,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
     Router::new()
         .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", axum::routing::delete(delete))
-        .route("/v1/sessions/{id}/turns", post(turn))
+        .route("/v1/sessions/{id}/turns", post(turn).get(turns))
         .route("/v1/sessions/{id}/model", post(model))
         .route("/v1/sessions/{id}/commands", post(command))
         .route("/v1/sessions/{id}/history", get(history))
@@ -47,6 +48,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         // Readiness, under the name it had before the split (docs/http-api.md#probes).
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::ui::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // A body that says it is too large is refused before any of it is read; one that
         // does not say (chunked) is cut off as soon as it passes the limit.
@@ -349,6 +351,26 @@ async fn history(
         "view": if sent { "sent" } else { "working" },
         "size": history.len(),
         "history": history_json_as(&history, form),
+    })))
+}
+
+/// `GET /v1/sessions/{id}/turns?last=N`: the last turns' records this host keeps, in
+/// memory and bounded (docs/http-api.md#turns). The same rule as the history: whoever
+/// knows the id.
+async fn turns(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>> {
+    only_params(&query, &["last"])?;
+    let last = match query.get("last") {
+        None => None,
+        Some(_) => Some(number(&query, "last", 0)?.clamp(1, history_sessions::TURN_LOG_LEN as u64) as usize),
+    };
+    let records = app.service.turns(&id, last).await?;
+    Ok(Json(json!({
+        "kept": history_sessions::TURN_LOG_LEN,
+        "turns": records.iter().map(turn_record_json).collect::<Vec<_>>(),
     })))
 }
 

@@ -23,6 +23,7 @@ pub mod store;
 pub use commands::{Command, CommandAnswer};
 pub use error::{ErrorKind, SessionError};
 pub use service::{
+    EventRecord, StageRecord, TurnRecord,
     ChainReport, Options, Readiness, Service, SessionInfo, StageInfo, StagePlace, StartError, StatelessRun,
     TranscriptPage,
 };
