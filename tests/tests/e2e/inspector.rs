@@ -1,0 +1,290 @@
+//! The inspector page at `/ui` (docs/http-api.md#the-inspector-page) in a real headless
+//! Chromium, driven over WebDriver (fantoccini) through Debian's chromedriver, against a
+//! real `serve` on loopback. Without chromedriver the test says `SKIPPED (no
+//! chromedriver)` and passes, except under CI, where it fails. Screenshots go to
+//! `target/ui-screenshots/`.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e_tests::server::{agent, shipped_config, Server};
+use e2e_tests::store::{in_ci, Kind, TestStore};
+use e2e_tests::target_dir;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const TOKEN: &str = "inspector-operator-token";
+/// Every wait on the page: the page polls every 3 s, a render takes far less.
+const WAIT: Duration = Duration::from_secs(20);
+const TURNS: usize = 40;
+const SCRIPT_TEXT: &str = "Please repeat this verbatim: <script>alert(1)</script>";
+
+/// chromedriver on a free loopback port, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {CHROMEDRIVER}: {e}"));
+        let driver = Driver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let started = Instant::now();
+        loop {
+            let ready = agent()
+                .get(&format!("{}/status", driver.url))
+                .call()
+                .ok()
+                .and_then(|r| r.into_string().ok())
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .is_some_and(|v| v["value"]["ready"] == true);
+            if ready {
+                return driver;
+            }
+            assert!(started.elapsed() < WAIT, "chromedriver not ready after {WAIT:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether chromedriver is here; without it the test is skipped, saying so, except in CI.
+fn have_chromedriver(test: &str) -> bool {
+    if Path::new(CHROMEDRIVER).exists() {
+        return true;
+    }
+    assert!(
+        !in_ci(),
+        "{CHROMEDRIVER} is missing and CI is set: {test} cannot be skipped in CI \
+         (.ci/run installs Debian's chromium and chromium-driver)"
+    );
+    let _ = writeln!(std::io::stderr(), "SKIPPED (no chromedriver): {test}");
+    false
+}
+
+/// The original content of turn `n`'s tool result.
+fn tool_output(n: usize) -> String {
+    format!("contents of file{n}.txt: {}", "line of source text; ".repeat(20))
+}
+
+/// Turn `n`'s messages: a user request, a tool call, its result, an answer. The last
+/// turn's request carries a `<script>` element as text.
+fn turn_messages(n: usize) -> Vec<Value> {
+    let mut messages = Vec::new();
+    if n == 1 {
+        messages.push(json!({"role": "system", "content": "You are a careful coding agent."}));
+    }
+    let request = if n == TURNS {
+        SCRIPT_TEXT.to_string()
+    } else {
+        format!("Step {n}: read file{n}.txt")
+    };
+    let call = format!("call_{n}");
+    messages.extend([
+        json!({"role": "user", "content": request}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": call, "type": "function",
+            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"file{n}.txt\"}}")}
+        }]}),
+        json!({"role": "tool", "tool_call_id": call, "content": tool_output(n)}),
+        json!({"role": "assistant", "content": format!("Read file{n}.txt.")}),
+    ]);
+    messages
+}
+
+fn screenshots() -> PathBuf {
+    let dir = target_dir().join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn shot(client: &Client, name: &str) {
+    let png = client.screenshot().await.unwrap();
+    std::fs::write(screenshots().join(format!("{name}.png")), png).unwrap();
+}
+
+async fn text_of(client: &Client, css: &str) -> String {
+    let element = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css} within {WAIT:?}: {e}"));
+    element.text().await.unwrap()
+}
+
+/// Waits until `css` matches `count` elements.
+async fn wait_count(client: &Client, css: &str, count: usize) {
+    let started = Instant::now();
+    loop {
+        let found = client.find_all(Locator::Css(css)).await.unwrap().len();
+        if found == count {
+            return;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "{css}: {found} elements after {WAIT:?}, expected {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".to_string(),
+        json!({"args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+            "--disable-gpu", "--window-size=1400,1100"]}),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .unwrap_or_else(|e| panic!("no Chromium session from chromedriver: {e}"))
+}
+
+#[test]
+fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_the_token() {
+    let test = "the inspector page";
+    if !have_chromedriver(test) {
+        return;
+    }
+    // The shipped chain on a small window: `default` drops old turns, tool_result_filter
+    // turns all but the newest 4 tool results into placeholders.
+    let config = shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 30")]);
+    let store = TestStore::new(Kind::Sqlite, &config);
+    let server = Server::start(&config.path, store.path(), &[("HISTORY_OPERATOR_TOKEN", TOKEN)]);
+    let id = server.create("default");
+    for n in 1..=TURNS {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &json!({ "messages": turn_messages(n) }),
+        );
+        assert_eq!(answer.status, 200, "turn {n}: {answer:?}");
+    }
+    let turns = server.get(&format!("/v1/sessions/{id}/turns"));
+    assert_eq!(turns.status, 200, "{turns:?}");
+    assert_eq!(turns.body["turns"].as_array().unwrap().len(), TURNS);
+
+    // The page's own headers.
+    let page = agent().get(&server.url("/ui")).call().unwrap();
+    let csp = page.header("content-security-policy").unwrap_or("").to_string();
+    assert!(csp.contains("default-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+
+    let driver = Driver::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = browser(&driver).await;
+        let ui = server.url("/ui");
+        let started = Instant::now();
+        client.goto(&ui).await.unwrap();
+
+        // Without the token the list is refused, and says why.
+        let refused = text_of(&client, "#sessions-refused").await;
+        let first_paint = started.elapsed();
+        assert!(refused.contains("401") && refused.contains("operator"), "{refused}");
+        assert!(client.find_all(Locator::Css("#sessions-table")).await.unwrap().is_empty());
+        shot(&client, "sessions-refused").await;
+
+        // With it the list shows the session.
+        client.find(Locator::Css("#token")).await.unwrap().send_keys(TOKEN).await.unwrap();
+        client
+            .find(Locator::Css("#token-form button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let link = text_of(&client, "#sessions-table a.session-link").await;
+        assert_eq!(link, id);
+        let row = text_of(&client, "#sessions-table tbody tr").await;
+        assert!(row.contains("default") && row.contains(&TURNS.to_string()), "{row}");
+        shot(&client, "sessions").await;
+
+        // The session: one chart point per turn, for each series.
+        client.find(Locator::Css("#sessions-table a.session-link")).await.unwrap().click().await.unwrap();
+        wait_count(&client, "#chart circle.pt-sent", TURNS).await;
+        wait_count(&client, "#chart circle.pt-transcript", TURNS).await;
+        let facts = text_of(&client, "#session .facts").await;
+        assert!(facts.contains(&format!("turn {TURNS}")) && facts.contains("prefix_kept"), "{facts}");
+        shot(&client, "session").await;
+
+        // A placeholder shows as one and expands to its original.
+        let placeholder = client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css("#history li.mark-placeholder"))
+            .await
+            .unwrap();
+        let badge = placeholder.find(Locator::Css(".badge")).await.unwrap().text().await.unwrap();
+        assert_eq!(badge, "placeholder (omitted)");
+        let shown = placeholder.find(Locator::Css("pre.content")).await.unwrap().text().await.unwrap();
+        assert_eq!(shown, "[Omitted]");
+        placeholder.find(Locator::Css("button.expand")).await.unwrap().click().await.unwrap();
+        let original = text_of(&client, "#history li.mark-placeholder pre.original").await;
+        assert!(
+            (1..=TURNS).any(|n| tool_output(n).trim_end() == original.trim_end()),
+            "the expanded original is one of the tool results sent: {original:?}"
+        );
+        shot(&client, "placeholder-expanded").await;
+
+        // The `<script>` in a message is text: shown as typed, never run.
+        let contents = client.find_all(Locator::Css("#history pre.content")).await.unwrap();
+        let mut shown_as_text = false;
+        for content in contents {
+            shown_as_text |= content.text().await.unwrap() == SCRIPT_TEXT;
+        }
+        assert!(shown_as_text, "the message with <script> shows as its text");
+        assert!(client.find_all(Locator::Css("#main script")).await.unwrap().is_empty());
+        let alert = client.get_alert_text().await;
+        assert!(
+            alert.as_ref().is_err_and(|e| e.is_no_such_alert()),
+            "no alert ran: {alert:?}"
+        );
+
+        // A turn's stages and events, then the chain.
+        client.find(Locator::Css("#timeline tr.turn-row")).await.unwrap().click().await.unwrap();
+        let detail = text_of(&client, "#timeline tr.turn-detail").await;
+        assert!(detail.contains("default") && detail.contains("tool_result_filter"), "{detail}");
+        shot(&client, "turn-detail").await;
+        client.goto(&format!("{ui}#/chain")).await.unwrap();
+        let chain = text_of(&client, "#chain-table tbody").await;
+        assert!(chain.contains("token_budget") && chain.contains("role_pair"), "{chain}");
+        shot(&client, "chain").await;
+
+        let _ = writeln!(
+            std::io::stderr(),
+            "inspector: first paint of /ui in {} ms (measured, not asserted)",
+            first_paint.as_millis()
+        );
+        client.close().await.unwrap();
+    });
+    drop(driver);
+    assert_eq!(server.stop().code(), Some(0));
+}
