@@ -6,6 +6,7 @@
 const TOKEN_KEY = "history-host.operator-token";
 const POLL_MS = 3000;
 const PAGE = 50;
+const TURN_PAGE = 10; // turns a timeline page shows, newest first
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 const state = {
@@ -299,10 +300,10 @@ function chart(records) {
 
 function timeline(records, kept) {
   const newest = records.slice().reverse();
-  const pages = Math.max(1, Math.ceil(newest.length / PAGE));
+  const pages = Math.max(1, Math.ceil(newest.length / TURN_PAGE));
   const page = Math.min(state.turnPage, pages - 1);
   const rows = [];
-  for (const r of newest.slice(page * PAGE, (page + 1) * PAGE)) {
+  for (const r of newest.slice(page * TURN_PAGE, (page + 1) * TURN_PAGE)) {
     rows.push(el("tr", { class: "turn-row", onclick: () => { state.openTurn = state.openTurn === r.turn ? null : r.turn; redraw(); } },
       el("td", { class: "num" }, r.turn), el("td", {}, r.at),
       el("td", { class: "num" }, `${r.messages_in} → ${r.messages_sent}`),

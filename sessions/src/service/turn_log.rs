@@ -137,3 +137,53 @@ impl TurnLog {
         self.records.iter().skip(skip).cloned().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use history_engine::ChainRun;
+    use plugin_api::{ModelInfo, Tokenizer};
+
+    fn outcome(turn: u64) -> TurnOutcome {
+        TurnOutcome {
+            turn,
+            model: ModelInfo {
+                name: "default".into(),
+                max_context: 200,
+                context_tokens: 128_000,
+                tokenizer: Tokenizer::Chars4,
+                effective_ctx: 200,
+            },
+            run: ChainRun {
+                history: Vec::new(),
+                working: Vec::new(),
+                input_faults: Vec::new(),
+                stages: Vec::new(),
+                messages_in: 2,
+                tokens_in: 100,
+                tokens_out: 60,
+                prefix_kept: Some(1),
+            },
+            switch: None,
+            entered: 2,
+            entered_tokens: 10,
+        }
+    }
+
+    #[test]
+    fn the_log_keeps_the_last_turns_and_counts_the_transcript_from_the_first() {
+        let mut log = TurnLog::default();
+        let total = TURN_LOG_LEN as u64 + 5;
+        for turn in 1..=total {
+            log.record(&outcome(turn));
+        }
+        let all = log.last(None);
+        assert_eq!(all.len(), TURN_LOG_LEN);
+        assert_eq!(all[0].turn, 6, "the oldest went first");
+        let newest = all.last().unwrap();
+        assert_eq!((newest.turn, newest.transcript_tokens), (total, total * 10));
+        assert_eq!((newest.tokens_in, newest.tokens_sent, newest.prefix_kept), (100, 60, Some(1)));
+        let last3 = log.last(Some(3));
+        assert_eq!(last3.iter().map(|r| r.turn).collect::<Vec<_>>(), [total - 2, total - 1, total]);
+    }
+}
