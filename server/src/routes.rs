@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 
 use crate::answers::{
-    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json,
-    turn_record_json, HistoryForm,
+    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, turn_record_json,
+    HistoryForm,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

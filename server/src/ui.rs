@@ -30,7 +30,10 @@ pub(crate) fn router() -> Router<App> {
             "/ui/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
         )
-        .route("/ui/app.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
+        .route(
+            "/ui/app.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
+        )
 }
 
 /// A static asset with the page's security headers.

@@ -23,8 +23,7 @@ pub mod store;
 pub use commands::{Command, CommandAnswer};
 pub use error::{ErrorKind, SessionError};
 pub use service::{
-    EventRecord, StageRecord, TurnRecord, TURN_LOG_LEN,
-    ChainReport, Options, Readiness, Service, SessionInfo, StageInfo, StagePlace, StartError, StatelessRun,
-    TranscriptPage,
+    ChainReport, EventRecord, Options, Readiness, Service, SessionInfo, StageInfo, StagePlace, StageRecord,
+    StartError, StatelessRun, TranscriptPage, TurnRecord, TURN_LOG_LEN,
 };
 pub use session::{ContextItem, TurnInput, TurnOutcome};

@@ -597,7 +597,10 @@ impl Service {
             Ok(outcome) => {
                 self.metrics.run(&outcome.run);
                 if let Ok(slot) = self.slot(id) {
-                    slot.turns.lock().unwrap_or_else(|e| e.into_inner()).record(outcome);
+                    slot.turns
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .record(outcome);
                 }
                 tracing::info!(
                     session = %id,
@@ -690,7 +693,11 @@ impl Service {
 
     /// The last `last` turns' records this host keeps of session `id` (all of them with
     /// `None`), oldest first: in memory, bounded (docs/http-api.md#turns).
-    pub async fn turns(self: &Arc<Self>, id: &str, last: Option<usize>) -> Result<Vec<TurnRecord>, SessionError> {
+    pub async fn turns(
+        self: &Arc<Self>,
+        id: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<TurnRecord>, SessionError> {
         let slot = self.find(id).await?;
         let records = slot.turns.lock().unwrap_or_else(|e| e.into_inner()).last(last);
         Ok(records)

@@ -182,8 +182,14 @@ mod tests {
         assert_eq!(all[0].turn, 6, "the oldest went first");
         let newest = all.last().unwrap();
         assert_eq!((newest.turn, newest.transcript_tokens), (total, total * 10));
-        assert_eq!((newest.tokens_in, newest.tokens_sent, newest.prefix_kept), (100, 60, Some(1)));
+        assert_eq!(
+            (newest.tokens_in, newest.tokens_sent, newest.prefix_kept),
+            (100, 60, Some(1))
+        );
         let last3 = log.last(Some(3));
-        assert_eq!(last3.iter().map(|r| r.turn).collect::<Vec<_>>(), [total - 2, total - 1, total]);
+        assert_eq!(
+            last3.iter().map(|r| r.turn).collect::<Vec<_>>(),
+            [total - 2, total - 1, total]
+        );
     }
 }

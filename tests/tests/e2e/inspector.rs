@@ -31,7 +31,11 @@ struct Driver {
 
 impl Driver {
     fn start() -> Driver {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let child = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
@@ -191,7 +195,10 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
     // The page's own headers.
     let page = agent().get(&server.url("/ui")).call().unwrap();
     let csp = page.header("content-security-policy").unwrap_or("").to_string();
-    assert!(csp.contains("default-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(
+        csp.contains("default-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
     assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
 
     let driver = Driver::start();
@@ -208,12 +215,25 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
         // Without the token the list is refused, and says why.
         let refused = text_of(&client, "#sessions-refused").await;
         let first_paint = started.elapsed();
-        assert!(refused.contains("401") && refused.contains("operator"), "{refused}");
-        assert!(client.find_all(Locator::Css("#sessions-table")).await.unwrap().is_empty());
+        assert!(
+            refused.contains("401") && refused.contains("operator"),
+            "{refused}"
+        );
+        assert!(client
+            .find_all(Locator::Css("#sessions-table"))
+            .await
+            .unwrap()
+            .is_empty());
         shot(&client, "sessions-refused").await;
 
         // With it the list shows the session.
-        client.find(Locator::Css("#token")).await.unwrap().send_keys(TOKEN).await.unwrap();
+        client
+            .find(Locator::Css("#token"))
+            .await
+            .unwrap()
+            .send_keys(TOKEN)
+            .await
+            .unwrap();
         client
             .find(Locator::Css("#token-form button[type=submit]"))
             .await
@@ -224,15 +244,27 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
         let link = text_of(&client, "#sessions-table a.session-link").await;
         assert_eq!(link, id);
         let row = text_of(&client, "#sessions-table tbody tr").await;
-        assert!(row.contains("default") && row.contains(&TURNS.to_string()), "{row}");
+        assert!(
+            row.contains("default") && row.contains(&TURNS.to_string()),
+            "{row}"
+        );
         shot(&client, "sessions").await;
 
         // The session: one chart point per turn, for each series.
-        client.find(Locator::Css("#sessions-table a.session-link")).await.unwrap().click().await.unwrap();
+        client
+            .find(Locator::Css("#sessions-table a.session-link"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         wait_count(&client, "#chart circle.pt-sent", TURNS).await;
         wait_count(&client, "#chart circle.pt-transcript", TURNS).await;
         let facts = text_of(&client, "#session .facts").await;
-        assert!(facts.contains(&format!("turn {TURNS}")) && facts.contains("prefix_kept"), "{facts}");
+        assert!(
+            facts.contains(&format!("turn {TURNS}")) && facts.contains("prefix_kept"),
+            "{facts}"
+        );
         shot(&client, "session").await;
 
         // A placeholder shows as one and expands to its original.
@@ -242,11 +274,29 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
             .for_element(Locator::Css("#history li.mark-placeholder"))
             .await
             .unwrap();
-        let badge = placeholder.find(Locator::Css(".badge")).await.unwrap().text().await.unwrap();
+        let badge = placeholder
+            .find(Locator::Css(".badge"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert_eq!(badge, "placeholder (omitted)");
-        let shown = placeholder.find(Locator::Css("pre.content")).await.unwrap().text().await.unwrap();
+        let shown = placeholder
+            .find(Locator::Css("pre.content"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert_eq!(shown, "[Omitted]");
-        placeholder.find(Locator::Css("button.expand")).await.unwrap().click().await.unwrap();
+        placeholder
+            .find(Locator::Css("button.expand"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         let original = text_of(&client, "#history li.mark-placeholder pre.original").await;
         assert!(
             (1..=TURNS).any(|n| tool_output(n).trim_end() == original.trim_end()),
@@ -255,13 +305,20 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
         shot(&client, "placeholder-expanded").await;
 
         // The `<script>` in a message is text: shown as typed, never run.
-        let contents = client.find_all(Locator::Css("#history pre.content")).await.unwrap();
+        let contents = client
+            .find_all(Locator::Css("#history pre.content"))
+            .await
+            .unwrap();
         let mut shown_as_text = false;
         for content in contents {
             shown_as_text |= content.text().await.unwrap() == SCRIPT_TEXT;
         }
         assert!(shown_as_text, "the message with <script> shows as its text");
-        assert!(client.find_all(Locator::Css("#main script")).await.unwrap().is_empty());
+        assert!(client
+            .find_all(Locator::Css("#main script"))
+            .await
+            .unwrap()
+            .is_empty());
         let alert = client.get_alert_text().await;
         assert!(
             alert.as_ref().is_err_and(|e| e.is_no_such_alert()),
@@ -269,13 +326,25 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
         );
 
         // A turn's stages and events, then the chain.
-        client.find(Locator::Css("#timeline tr.turn-row")).await.unwrap().click().await.unwrap();
+        client
+            .find(Locator::Css("#timeline tr.turn-row"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         let detail = text_of(&client, "#timeline tr.turn-detail").await;
-        assert!(detail.contains("default") && detail.contains("tool_result_filter"), "{detail}");
+        assert!(
+            detail.contains("default") && detail.contains("tool_result_filter"),
+            "{detail}"
+        );
         shot(&client, "turn-detail").await;
         client.goto(&format!("{ui}#/chain")).await.unwrap();
         let chain = text_of(&client, "#chain-table tbody").await;
-        assert!(chain.contains("token_budget") && chain.contains("role_pair"), "{chain}");
+        assert!(
+            chain.contains("token_budget") && chain.contains("role_pair"),
+            "{chain}"
+        );
         shot(&client, "chain").await;
 
         let _ = writeln!(
