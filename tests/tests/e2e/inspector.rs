@@ -357,3 +357,69 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
     drop(driver);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+/// `GET /v1/sessions/{id}/turns` (docs/http-api.md#turns): one record per turn with the
+/// numbers the turn's answer had, `last` bounding it, bad parameters and ids refused.
+#[test]
+fn the_turns_endpoint_records_each_turn_as_its_answer_said() {
+    let config = shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 30")]);
+    let store = TestStore::new(Kind::Sqlite, &config);
+    let server = Server::start(&config.path, store.path(), &[]);
+    let id = server.create("default");
+    let mut answers = Vec::new();
+    for n in 1..=3 {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &json!({ "messages": turn_messages(n) }),
+        );
+        assert_eq!(answer.status, 200, "turn {n}: {answer:?}");
+        answers.push(answer.body);
+    }
+    let all = server.get(&format!("/v1/sessions/{id}/turns"));
+    assert_eq!(all.status, 200, "{all:?}");
+    assert_eq!(all.body["kept"], 1000);
+    let records = all.body["turns"].as_array().unwrap();
+    assert_eq!(records.len(), 3);
+    let mut transcript_tokens = 0;
+    for (record, answer) in records.iter().zip(&answers) {
+        assert_eq!(record["turn"], answer["turn"]);
+        assert_eq!(
+            record["messages_sent"],
+            answer["history"].as_array().unwrap().len()
+        );
+        assert_eq!(record["working_size"], answer["working_size"]);
+        assert_eq!(record["prefix_kept"], answer["prefix_kept"]);
+        assert_eq!(
+            record["events"].as_array().unwrap().len(),
+            answer["events"].as_array().unwrap().len()
+        );
+        let stages = record["stages"].as_array().unwrap();
+        let stats = answer["stats"].as_array().unwrap();
+        assert_eq!(stages.len(), stats.len());
+        for (stage, stat) in stages.iter().zip(stats) {
+            for key in ["plugin", "messages_in", "messages_out", "tokens_in", "tokens_out"] {
+                assert_eq!(stage[key], stat[key], "{key}");
+            }
+        }
+        // The last stage's output is what was sent.
+        assert_eq!(record["tokens_sent"], stats.last().unwrap()["tokens_out"]);
+        transcript_tokens += record["entered_tokens"].as_u64().unwrap();
+        assert_eq!(record["transcript_tokens"], transcript_tokens);
+    }
+    let last = server.get(&format!("/v1/sessions/{id}/turns?last=2"));
+    let turns: Vec<&Value> = last.body["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["turn"])
+        .collect();
+    assert_eq!(turns, [&json!(2), &json!(3)]);
+    let bad = server.get(&format!("/v1/sessions/{id}/turns?lats=2"));
+    assert_eq!(bad.status, 400);
+    assert!(bad.error().1.contains("\"lats\""), "{bad:?}");
+    let bad = server.get(&format!("/v1/sessions/{id}/turns?last=x"));
+    assert_eq!(bad.status, 400, "{bad:?}");
+    let missing = server.get("/v1/sessions/no-such-session/turns");
+    assert_eq!(missing.status, 404, "{missing:?}");
+    assert_eq!(server.stop().code(), Some(0));
+}
