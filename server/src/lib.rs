@@ -12,6 +12,7 @@ mod conn;
 mod proxy;
 mod resent;
 mod routes;
+mod traffic;
 mod ui;
 mod upstream;
 
@@ -138,6 +139,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             token: token.map(Arc::from),
             upstream,
             resent: Arc::default(),
+            traffic: Arc::default(),
         },
         config.max_body_mb,
     );

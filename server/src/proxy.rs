@@ -105,6 +105,8 @@ pub async fn chat_completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let upstream = upstream(&app)?;
+    let started = std::time::Instant::now();
+    let at = history_sessions::clock::now_ms();
     let bytes = body.map_err(|rejection| {
         OpenAiError::new(
             rejection.status(),
@@ -159,7 +161,10 @@ pub async fn chat_completions(
                 .map(|text| serde_json::from_str::<Value>(text.get()))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
-            (app.service.turn_resent(id, messages, model).await?.run, None)
+            (
+                app.service.turn_resent(id, messages, model.clone()).await?.run,
+                None,
+            )
         }
         None => {
             // Parsed here, on the async thread, as the body was: a resent message is found,
@@ -174,7 +179,10 @@ pub async fn chat_completions(
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
             // An unlisted model runs as `default`, never refused: the upstream judges model
             // names (docs/proxy.md#models).
-            let stateless = app.service.run_stateless("proxy", history, turn, model).await?;
+            let stateless = app
+                .service
+                .run_stateless("proxy", history, turn, model.clone())
+                .await?;
             (stateless.run, stateless.unknown_model)
         }
     };
@@ -184,7 +192,24 @@ pub async fn chat_completions(
     let body = forwarded_body(&body.members, &sent);
     drop(bytes);
 
-    let mut response = forward(upstream, Method::POST, "/chat/completions", &headers, body).await?;
+    let added_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let forwarded = forward(upstream, Method::POST, "/chat/completions", &headers, body).await;
+    app.traffic.record(crate::traffic::Request {
+        at,
+        wire: "chat",
+        model,
+        session: session.is_some(),
+        messages_in: run.messages_in,
+        messages_sent: run.history.len(),
+        tokens_in: run.tokens_in,
+        tokens_sent: run.tokens_out,
+        added_ms,
+        status: match &forwarded {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.status.as_u16(),
+        },
+    });
+    let mut response = forwarded?;
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {
         added.insert(HeaderName::from_static("x-history-messages"), value);

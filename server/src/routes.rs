@@ -41,6 +41,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
             axum::routing::put(expiration_override),
         )
         .route("/v1/chain", get(chain))
+        .route("/v1/proxy/traffic", get(traffic))
         .route("/v1/chat/completions", post(crate::proxy::chat_completions))
         .route("/v1/models", get(crate::proxy::models))
         .route("/livez", get(livez))
@@ -459,6 +460,13 @@ pub(crate) fn expand_body(bytes: &[u8]) -> Result<String> {
 async fn delete(State(app): State<App>, Path(id): Path<String>) -> Result<StatusCode> {
     app.service.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/proxy/traffic` (operator): the last proxy requests' numbers, no bodies
+/// (docs/http-api.md#proxy-traffic).
+async fn traffic(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>> {
+    operator(&app, &headers)?;
+    Ok(Json(app.traffic.json()))
 }
 
 async fn chain(State(app): State<App>) -> Json<Value> {

@@ -88,6 +88,7 @@ function route() {
   }
   if (hash.startsWith("#/session/")) return showSession(decodeURIComponent(hash.slice(10)));
   if (hash === "#/chain") return showChain();
+  if (hash === "#/proxy") return showTraffic();
   return showSessions();
 }
 
@@ -361,6 +362,37 @@ async function showChain() {
         el("td", { class: "num" }, s.calls), el("td", { class: "num" }, Number(s.seconds).toFixed(3)),
         el("td", { class: "num" }, s.skipped), el("td", { class: "num" }, s.failed),
         el("td", {}, s.quarantined ? "yes" : "no"), el("td", { class: "num" }, s.worker_starts)))))));
+}
+
+// ---- proxy traffic (operator) ----
+
+async function showTraffic() {
+  const answer = await api("/v1/proxy/traffic");
+  if (!answer.ok) {
+    draw("error" + answer.text, () => el("section", { id: "traffic" }, el("h2", {}, "Proxy traffic"),
+      el("p", { class: "refused", id: "traffic-refused" }, "Proxy traffic needs the operator's token (",
+        apiError(answer), ").")));
+    return;
+  }
+  const requests = answer.body.requests.slice().reverse();
+  draw(answer.text + "|" + state.page, () => {
+    const pages = Math.max(1, Math.ceil(requests.length / PAGE));
+    state.page = Math.min(state.page, pages - 1);
+    return el("section", { id: "traffic" },
+      el("h2", {}, `Proxy traffic (the last ${answer.body.kept} requests are kept in memory; no bodies)`),
+      el("table", { id: "traffic-table" },
+        el("thead", {}, el("tr", {}, ["at", "wire", "model", "session", "messages in → sent",
+          "tokens in → sent", "added ms", "upstream status"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, requests.slice(state.page * PAGE, (state.page + 1) * PAGE).map((r) =>
+          el("tr", { class: r.status >= 400 ? "quarantined" : "" },
+            el("td", {}, r.at), el("td", {}, r.wire), el("td", {}, r.model === null ? "–" : r.model),
+            el("td", {}, r.session ? "yes" : "stateless"),
+            el("td", { class: "num" }, `${r.messages_in} → ${r.messages_sent}`),
+            el("td", { class: "num" }, `${r.tokens_in} → ${r.tokens_sent}`),
+            el("td", { class: "num" }, Number(r.added_ms).toFixed(2)),
+            el("td", { class: "num" }, r.status))))),
+      pager(state.page, pages, (p) => { state.page = p; redraw(); }));
+  });
 }
 
 // ---- the header's forms, and polling ----

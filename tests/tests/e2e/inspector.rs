@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use e2e_tests::server::{agent, shipped_config, Server};
 use e2e_tests::store::{in_ci, Kind, TestStore};
 use e2e_tests::target_dir;
+use e2e_tests::upstream::{Behaviour, Upstream};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -421,5 +422,83 @@ fn the_turns_endpoint_records_each_turn_as_its_answer_said() {
     assert_eq!(bad.status, 400, "{bad:?}");
     let missing = server.get("/v1/sessions/no-such-session/turns");
     assert_eq!(missing.status, 404, "{missing:?}");
+    assert_eq!(server.stop().code(), Some(0));
+}
+
+/// The proxy's traffic (docs/http-api.md#proxy-traffic): the last requests' numbers, no
+/// bodies, for the operator only, shown by the page in Chromium.
+#[test]
+fn the_inspector_shows_proxy_traffic_to_the_operator_only() {
+    let test = "the inspector's proxy traffic";
+    if !have_chromedriver(test) {
+        return;
+    }
+    let upstream = Upstream::start(Behaviour::default());
+    let config = shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")]);
+    let store = config.dir.path().join("sessions.db");
+    let server = Server::try_start(
+        &config.path,
+        &store,
+        &[("HISTORY_OPERATOR_TOKEN", TOKEN)],
+        &["--listen", "127.0.0.1:0", "--upstream", &upstream.base_url()],
+    )
+    .unwrap_or_else(|e| panic!("serve did not start: {e}"));
+    let mut messages: Vec<Value> = (1..=20).flat_map(turn_messages).collect();
+    messages.push(json!({"role": "user", "content": "Summarize what you read."}));
+    for model in ["gpt-4o", "gpt-4-turbo"] {
+        let answer = server.post(
+            "/v1/chat/completions",
+            &json!({"model": model, "messages": messages}),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    assert_eq!(server.get("/v1/proxy/traffic").status, 401);
+    let traffic = server.request("GET", "/v1/proxy/traffic", None, true);
+    assert_eq!(traffic.status, 200, "{traffic:?}");
+    let requests = traffic.body["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0]["model"], "gpt-4o");
+    assert_eq!(requests[0]["status"], 200);
+    assert_eq!(requests[0]["messages_in"], messages.len());
+    assert!(requests[0]["messages_sent"].as_u64().unwrap() < messages.len() as u64);
+    assert!(
+        !traffic.body.to_string().contains("Summarize what you read"),
+        "no bodies"
+    );
+
+    let driver = Driver::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = browser(&driver).await;
+        client.goto(&server.url("/ui#/proxy")).await.unwrap();
+        let refused = text_of(&client, "#traffic-refused").await;
+        assert!(refused.contains("401"), "{refused}");
+        client
+            .find(Locator::Css("#token"))
+            .await
+            .unwrap()
+            .send_keys(TOKEN)
+            .await
+            .unwrap();
+        client
+            .find(Locator::Css("#token-form button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_count(&client, "#traffic-table tbody tr", 2).await;
+        let rows = text_of(&client, "#traffic-table tbody").await;
+        assert!(
+            rows.contains("gpt-4o") && rows.contains("gpt-4-turbo") && rows.contains("200"),
+            "{rows}"
+        );
+        shot(&client, "proxy-traffic").await;
+        client.close().await.unwrap();
+    });
+    drop(driver);
     assert_eq!(server.stop().code(), Some(0));
 }
