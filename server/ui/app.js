@@ -7,6 +7,7 @@ const TOKEN_KEY = "history-host.operator-token";
 const POLL_MS = 3000;
 const PAGE = 50;
 const TURN_PAGE = 10; // turns a timeline page shows, newest first
+const TRANSCRIPT_PAGE = 200; // transcript messages a page shows
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 const state = {
@@ -17,6 +18,7 @@ const state = {
   turnPage: 0,
   openTurn: null,
   view: "sent",
+  transcriptFrom: null, // the transcript page's first position; null: the last page
   timer: null,
 };
 
@@ -85,6 +87,7 @@ function route() {
     state.page = 0;
     state.turnPage = 0;
     state.openTurn = null;
+    state.transcriptFrom = null;
   }
   if (hash.startsWith("#/session/")) return showSession(decodeURIComponent(hash.slice(10)));
   if (hash === "#/chain") return showChain();
@@ -155,7 +158,8 @@ async function showSession(id) {
   const [turns, history, transcript] = await Promise.all([
     api(base + "/turns"),
     api(base + "/history?view=" + state.view + "&form=full"),
-    api(base + "/transcript?last=1000"),
+    api(base + (state.transcriptFrom === null ? `/transcript?last=${TRANSCRIPT_PAGE}`
+      : `/transcript?from=${state.transcriptFrom}&limit=${TRANSCRIPT_PAGE}`)),
   ]);
   for (const answer of [turns, history, transcript]) {
     if (!answer.ok) {
@@ -165,7 +169,7 @@ async function showSession(id) {
       return;
     }
   }
-  const key = [turns.text, history.text, transcript.text, state.view, state.turnPage,
+  const key = [turns.text, history.text, transcript.text, state.view, state.turnPage, state.transcriptFrom,
     state.openTurn, [...state.expanded].join(",")].join("|");
   draw(key, () => sessionView(id, turns.body, history.body, transcript.body));
 }
@@ -193,11 +197,22 @@ function sessionView(id, turns, history, transcript) {
             ? last.prefix_kept : null)))),
       el("div", { class: "column" },
         el("h3", {}, `Transcript (messages ${transcript.from}…${transcript.from + transcript.messages.length - 1})`),
+        transcriptPager(transcript),
         el("ol", { id: "transcript", start: transcript.from },
           transcript.messages.map((m, i) => {
             const inHistory = sentIds.get(messageId(m));
             return messageItem(m, transcript.from + i, inHistory ? inHistory.mark : "dropped", null);
           })))));
+}
+
+function transcriptPager(transcript) {
+  const go = (from) => { state.transcriptFrom = from; redraw(); };
+  return el("div", { class: "pager" },
+    transcript.from > 1 ? el("button", { type: "button", id: "transcript-older",
+      onclick: () => go(Math.max(1, transcript.from - TRANSCRIPT_PAGE)) }, "‹ older") : null,
+    transcript.next !== null ? el("button", { type: "button", id: "transcript-newer",
+      onclick: () => go(transcript.next) }, "newer ›") : null,
+    state.transcriptFrom !== null ? el("button", { type: "button", onclick: () => go(null) }, "latest") : null);
 }
 
 function viewPicker() {

@@ -502,3 +502,96 @@ fn the_inspector_shows_proxy_traffic_to_the_operator_only() {
     drop(driver);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+/// The page with 1,000 live sessions and a 1,000-turn session: it pages the lists (50
+/// sessions, 10 turns a page) and draws every recorded turn; the time to the first full
+/// paint of each is measured and printed, not asserted.
+#[test]
+fn the_inspector_pages_1000_sessions_and_a_1000_turn_session() {
+    let test = "the inspector at scale";
+    if !have_chromedriver(test) {
+        return;
+    }
+    const SESSIONS: usize = 1000;
+    const LONG: usize = 1000;
+    let config = shipped_config(
+        "",
+        &[
+            ("agent_max_ctx", "agent_max_ctx = 30"),
+            ("max_users", "max_users = 2000"),
+        ],
+    );
+    let store = TestStore::new(Kind::Sqlite, &config);
+    let server = Server::start(&config.path, store.path(), &[("HISTORY_OPERATOR_TOKEN", TOKEN)]);
+    let long = server.create("default");
+    for n in 1..=LONG {
+        let answer = server.post(
+            &format!("/v1/sessions/{long}/turns"),
+            &json!({ "messages": turn_messages(n) }),
+        );
+        assert_eq!(answer.status, 200, "turn {n}: {answer:?}");
+    }
+    for _ in 1..SESSIONS {
+        server.create("default");
+    }
+    // What the session view reads, each timed on its own (printed below).
+    let reads: Vec<(String, u128)> = ["turns", "history?view=sent&form=full", "transcript?last=200"]
+        .iter()
+        .map(|path| {
+            let started = Instant::now();
+            let answer = server.get(&format!("/v1/sessions/{long}/{path}"));
+            assert_eq!(answer.status, 200, "{path}: {answer:?}");
+            (path.to_string(), started.elapsed().as_millis())
+        })
+        .collect();
+
+    let driver = Driver::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = browser(&driver).await;
+        client.goto(&server.url("/ui")).await.unwrap();
+        client
+            .find(Locator::Css("#token"))
+            .await
+            .unwrap()
+            .send_keys(TOKEN)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        client
+            .find(Locator::Css("#token-form button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_count(&client, "#sessions-table tbody tr", 50).await;
+        let list_paint = started.elapsed();
+        let title = text_of(&client, "#sessions h2").await;
+        assert!(title.contains(&format!("({SESSIONS})")), "{title}");
+        shot(&client, "sessions-1000").await;
+
+        let started = Instant::now();
+        client
+            .goto(&server.url(&format!("/ui#/session/{long}")))
+            .await
+            .unwrap();
+        wait_count(&client, "#chart circle.pt-sent", LONG).await;
+        let session_paint = started.elapsed();
+        wait_count(&client, "#timeline tr.turn-row", 10).await;
+        shot(&client, "session-1000-turns").await;
+        let _ = writeln!(
+            std::io::stderr(),
+            "inspector: {SESSIONS} sessions listed in {} ms, a {LONG}-turn session drawn in {} ms \
+             (headless Chromium, debug serve; measured, not asserted); its reads in ms: {reads:?}",
+            list_paint.as_millis(),
+            session_paint.as_millis()
+        );
+        client.close().await.unwrap();
+    });
+    drop(driver);
+    assert_eq!(server.stop().code(), Some(0));
+}
