@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::answers::{
-    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, turn_record_json,
+    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, turn_records_json,
     HistoryForm,
 };
 use axum::body::Bytes;
@@ -362,17 +362,18 @@ async fn turns(
     State(app): State<App>,
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>> {
+) -> Result<Response> {
     only_params(&query, &["last"])?;
     let last = match query.get("last") {
         None => None,
         Some(_) => Some(number(&query, "last", 0)?.clamp(1, history_sessions::TURN_LOG_LEN as u64) as usize),
     };
     let records = app.service.turns(&id, last).await?;
-    Ok(Json(json!({
-        "kept": history_sessions::TURN_LOG_LEN,
-        "turns": records.iter().map(turn_record_json).collect::<Vec<_>>(),
-    })))
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        turn_records_json(history_sessions::TURN_LOG_LEN, &records),
+    )
+        .into_response())
 }
 
 /// Refuses query parameters other than `known`: a misspelt one is not ignored.
