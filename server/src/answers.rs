@@ -6,7 +6,7 @@
 use history_sessions::clock::rfc3339;
 use history_sessions::reload::LastReload;
 use history_sessions::session::{SwitchOutcome, TurnOutcome};
-use history_sessions::{CommandAnswer, SessionInfo};
+use history_sessions::{CommandAnswer, SessionInfo, TurnRecord};
 use serde_json::{json, Value};
 
 /// The form a history is answered in (docs/http-api.md#forms): `full`, each message with
@@ -198,4 +198,102 @@ pub(crate) fn last_reload_json(last: &LastReload) -> Value {
         "outcome": if last.error.is_none() { "ok" } else { "failed" },
         "error": last.error,
     })
+}
+
+/// `GET /v1/sessions/{id}/turns`' answer as JSON text (docs/http-api.md#turns): written
+/// through serde's derives straight to text, not built as `Value`s first — a full log is
+/// 1000 records with their stages and events.
+pub(crate) fn turn_records_json(kept: usize, records: &[TurnRecord]) -> String {
+    #[derive(serde::Serialize)]
+    struct Stage<'a> {
+        plugin: &'a str,
+        view: bool,
+        ingest: bool,
+        messages_in: usize,
+        messages_out: usize,
+        tokens_in: u64,
+        tokens_out: u64,
+        ms: f64,
+        skipped: bool,
+        quarantined: bool,
+    }
+    #[derive(serde::Serialize)]
+    struct Event<'a> {
+        plugin: &'a str,
+        kind: &'a str,
+        index: Option<u64>,
+        id: Option<&'a str>,
+        reason: &'a str,
+        tokens_saved: Option<i64>,
+    }
+    #[derive(serde::Serialize)]
+    struct Turn<'a> {
+        turn: u64,
+        at: String,
+        model: &'a str,
+        entered: usize,
+        entered_tokens: u64,
+        messages_in: usize,
+        messages_sent: usize,
+        tokens_in: u64,
+        tokens_sent: u64,
+        working_size: usize,
+        transcript_tokens: u64,
+        prefix_kept: Option<usize>,
+        stages: Vec<Stage<'a>>,
+        events: Vec<Event<'a>>,
+        events_total: usize,
+    }
+    #[derive(serde::Serialize)]
+    struct Turns<'a> {
+        kept: usize,
+        turns: Vec<Turn<'a>>,
+    }
+    let turns = records
+        .iter()
+        .map(|r| Turn {
+            turn: r.turn,
+            at: rfc3339(r.at),
+            model: &r.model,
+            entered: r.entered,
+            entered_tokens: r.entered_tokens,
+            messages_in: r.messages_in,
+            messages_sent: r.messages_sent,
+            tokens_in: r.tokens_in,
+            tokens_sent: r.tokens_sent,
+            working_size: r.working_size,
+            transcript_tokens: r.transcript_tokens,
+            prefix_kept: r.prefix_kept,
+            stages: r
+                .stages
+                .iter()
+                .map(|s| Stage {
+                    plugin: &s.plugin,
+                    view: s.view,
+                    ingest: s.ingest,
+                    messages_in: s.messages_in,
+                    messages_out: s.messages_out,
+                    tokens_in: s.tokens_in,
+                    tokens_out: s.tokens_out,
+                    ms: s.ms,
+                    skipped: s.skipped,
+                    quarantined: s.quarantined,
+                })
+                .collect(),
+            events: r
+                .events
+                .iter()
+                .map(|e| Event {
+                    plugin: &e.plugin,
+                    kind: &e.kind,
+                    index: e.index,
+                    id: e.id.as_deref(),
+                    reason: &e.reason,
+                    tokens_saved: e.tokens_saved,
+                })
+                .collect(),
+            events_total: r.events_total,
+        })
+        .collect();
+    serde_json::to_string(&Turns { kept, turns }).unwrap_or_else(|_| "{}".to_string())
 }

@@ -15,4 +15,6 @@ pub struct App {
     pub upstream: Option<Arc<crate::upstream::Upstream>>,
     /// The messages stateless proxy calls resent, parsed once (docs/proxy.md#stateless-by-default).
     pub resent: Arc<crate::resent::ResentMessages>,
+    /// The last proxy requests' numbers, for the inspector page (docs/http-api.md#proxy-traffic).
+    pub traffic: Arc<crate::traffic::Traffic>,
 }

@@ -15,6 +15,8 @@ mod proxy_recall;
 mod recall;
 mod resent;
 mod routes;
+mod traffic;
+mod ui;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -140,6 +142,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             token: token.map(Arc::from),
             upstream,
             resent: Arc::default(),
+            traffic: Arc::default(),
         },
         config.max_body_mb,
     );

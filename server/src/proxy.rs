@@ -110,6 +110,8 @@ pub async fn chat_completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let upstream = upstream(&app)?;
+    let started = std::time::Instant::now();
+    let at = history_sessions::clock::now_ms();
     let bytes = body.map_err(|rejection| {
         OpenAiError::new(
             rejection.status(),
@@ -164,7 +166,10 @@ pub async fn chat_completions(
                 .map(|text| serde_json::from_str::<Value>(text.get()))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
-            (app.service.turn_resent(id, messages, model).await?.run, None)
+            (
+                app.service.turn_resent(id, messages, model.clone()).await?.run,
+                None,
+            )
         }
         None => {
             // Parsed here, on the async thread, as the body was: a resent message is found,
@@ -179,14 +184,18 @@ pub async fn chat_completions(
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
             // An unlisted model runs as `default`, never refused: the upstream judges model
             // names (docs/proxy.md#models).
-            let stateless = app.service.run_stateless("proxy", history, turn, model).await?;
+            let stateless = app
+                .service
+                .run_stateless("proxy", history, turn, model.clone())
+                .await?;
             (stateless.run, stateless.unknown_model)
         }
     };
     // The sent history written once, straight to JSON text (no Value in between), as a
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = history_wire::chat::provider_history_to_string(&run.history);
-    let mut response = match (&session, upstream.recall_rounds) {
+    let added_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let forwarded = match (&session, upstream.recall_rounds) {
         // A session's plain request may have the model call the recall tools
         // (docs/mcp.md#the-proxy); a streamed one is forwarded as it is.
         (Some(id), Some(rounds)) if !crate::proxy_recall::streamed(&body.members) => {
@@ -195,14 +204,30 @@ pub async fn chat_completions(
                 session: id,
                 rounds,
             };
-            recall.run(upstream, &headers, &body.members, &sent).await?
+            recall.run(upstream, &headers, &body.members, &sent).await
         }
         _ => {
             let body = forwarded_body(&body.members, &sent);
             drop(bytes);
-            forward(upstream, Method::POST, "/chat/completions", &headers, body).await?
+            forward(upstream, Method::POST, "/chat/completions", &headers, body).await
         }
     };
+    app.traffic.record(crate::traffic::Request {
+        at,
+        wire: "chat",
+        model,
+        session: session.is_some(),
+        messages_in: run.messages_in,
+        messages_sent: run.history.len(),
+        tokens_in: run.tokens_in,
+        tokens_sent: run.tokens_out,
+        added_ms,
+        status: match &forwarded {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.status.as_u16(),
+        },
+    });
+    let mut response = forwarded?;
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {
         added.insert(HeaderName::from_static("x-history-messages"), value);

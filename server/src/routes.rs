@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use crate::answers::{
-    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, HistoryForm,
+    command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, turn_records_json,
+    HistoryForm,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -29,7 +30,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
     Router::new()
         .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", axum::routing::delete(delete))
-        .route("/v1/sessions/{id}/turns", post(turn))
+        .route("/v1/sessions/{id}/turns", post(turn).get(turns))
         .route("/v1/sessions/{id}/model", post(model))
         .route("/v1/sessions/{id}/commands", post(command))
         .route("/v1/sessions/{id}/history", get(history))
@@ -40,6 +41,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
             axum::routing::put(expiration_override),
         )
         .route("/v1/chain", get(chain))
+        .route("/v1/proxy/traffic", get(traffic))
         .route("/v1/chat/completions", post(crate::proxy::chat_completions))
         .route("/v1/models", get(crate::proxy::models))
         .route("/livez", get(livez))
@@ -48,6 +50,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
         .nest_service("/mcp", crate::mcp::service(app.service.clone()))
+        .merge(crate::ui::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // A body that says it is too large is refused before any of it is read; one that
         // does not say (chunked) is cut off as soon as it passes the limit.
@@ -353,6 +356,27 @@ async fn history(
     })))
 }
 
+/// `GET /v1/sessions/{id}/turns?last=N`: the last turns' records this host keeps, in
+/// memory and bounded (docs/http-api.md#turns). The same rule as the history: whoever
+/// knows the id.
+async fn turns(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response> {
+    only_params(&query, &["last"])?;
+    let last = match query.get("last") {
+        None => None,
+        Some(_) => Some(number(&query, "last", 0)?.clamp(1, history_sessions::TURN_LOG_LEN as u64) as usize),
+    };
+    let records = app.service.turns(&id, last).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        turn_records_json(history_sessions::TURN_LOG_LEN, &records),
+    )
+        .into_response())
+}
+
 /// Refuses query parameters other than `known`: a misspelt one is not ignored.
 fn only_params(query: &HashMap<String, String>, known: &[&str]) -> Result<()> {
     match query.keys().find(|k| !known.contains(&k.as_str())) {
@@ -438,6 +462,13 @@ pub(crate) fn expand_body(bytes: &[u8]) -> Result<String> {
 async fn delete(State(app): State<App>, Path(id): Path<String>) -> Result<StatusCode> {
     app.service.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/proxy/traffic` (operator): the last proxy requests' numbers, no bodies
+/// (docs/http-api.md#proxy-traffic).
+async fn traffic(State(app): State<App>, headers: HeaderMap) -> Result<Json<Value>> {
+    operator(&app, &headers)?;
+    Ok(Json(app.traffic.json()))
 }
 
 async fn chain(State(app): State<App>) -> Json<Value> {

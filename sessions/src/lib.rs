@@ -23,7 +23,7 @@ pub mod store;
 pub use commands::{Command, CommandAnswer};
 pub use error::{ErrorKind, SessionError};
 pub use service::{
-    ChainReport, Options, Readiness, Recalled, Service, SessionInfo, StageInfo, StagePlace, StartError,
-    StatelessRun, TranscriptPage,
+    ChainReport, EventRecord, Options, Readiness, Recalled, Service, SessionInfo, StageInfo, StagePlace,
+    StageRecord, StartError, StatelessRun, TranscriptPage, TurnRecord, TURN_LOG_LEN,
 };
 pub use session::{ContextItem, TurnInput, TurnOutcome};

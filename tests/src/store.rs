@@ -49,7 +49,7 @@ pub fn postgres_url(test: &str) -> Option<String> {
 }
 
 /// Whether this is a CI run: `CI` set, and neither empty, `0` nor `false`.
-fn in_ci() -> bool {
+pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
 }
 

@@ -34,7 +34,9 @@ pub use recall::Recalled;
 pub use report::{ChainReport, StageInfo, StagePlace};
 pub use stateless::StatelessRun;
 mod stores;
+mod turn_log;
 mod upkeep;
+pub use turn_log::{EventRecord, StageRecord, TurnRecord, EVENTS_PER_TURN, TURN_LOG_LEN};
 
 use outage::Outage;
 
@@ -92,6 +94,8 @@ struct Slot {
     /// from its next operation).
     resident: AtomicUsize,
     closed: AtomicBool,
+    /// The last turns' numbers, in memory only (docs/http-api.md#turns).
+    turns: Mutex<turn_log::TurnLog>,
 }
 
 impl Slot {
@@ -594,6 +598,12 @@ impl Service {
         match &result {
             Ok(outcome) => {
                 self.metrics.run(&outcome.run);
+                if let Ok(slot) = self.slot(id) {
+                    slot.turns
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .record(outcome);
+                }
                 tracing::info!(
                     session = %id,
                     turn = outcome.turn,
@@ -683,6 +693,18 @@ impl Service {
         .await
     }
 
+    /// The last `last` turns' records this host keeps of session `id` (all of them with
+    /// `None`), oldest first: in memory, bounded (docs/http-api.md#turns).
+    pub async fn turns(
+        self: &Arc<Self>,
+        id: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<TurnRecord>, SessionError> {
+        let slot = self.find(id).await?;
+        let records = slot.turns.lock().unwrap_or_else(|e| e.into_inner()).last(last);
+        Ok(records)
+    }
+
     /// A page of the transcript: `(from, rows, next)`, `from` the first message's position
     /// (from 1) and `next` the `from` of the next page if there is one.
     pub async fn transcript(
@@ -760,6 +782,7 @@ fn new_slot(info: SessionInfo, session: Option<Session>) -> Slot {
         resident: AtomicUsize::new(session.as_ref().map_or(0, Session::memory_estimate)),
         state: Arc::new(AsyncMutex::new(session)),
         closed: AtomicBool::new(false),
+        turns: Mutex::default(),
     }
 }
 

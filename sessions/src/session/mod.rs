@@ -52,6 +52,10 @@ pub struct TurnOutcome {
     pub run: ChainRun,
     /// The model switch run first, when the turn asked for another model.
     pub switch: Option<ChainRun>,
+    /// The messages the turn added to the transcript, and their tokens in the model's
+    /// tokenizer (the inspector's timeline, docs/http-api.md#turns).
+    pub entered: usize,
+    pub entered_tokens: u64,
 }
 
 /// What a model switch did.
@@ -258,11 +262,14 @@ impl Session {
         self.last_sent = Some(run.history.clone());
         self.sent = Some(sent);
         self.sent_copies = sent_copies;
+        let entered_tokens = history_engine::tokens::history_tokens(model.tokenizer, &entering);
         Ok(TurnOutcome {
             turn,
             model,
             run,
             switch,
+            entered: entering.len(),
+            entered_tokens,
         })
     }
 

@@ -23,6 +23,7 @@ mod hardening_load;
 mod hardening_output;
 mod host_services;
 mod ingest;
+mod inspector;
 mod isolation;
 mod media;
 mod metrics;
