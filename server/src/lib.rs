@@ -10,6 +10,7 @@ mod auth;
 mod conn;
 mod proxy;
 mod resent;
+mod responses;
 mod routes;
 mod upstream;
 

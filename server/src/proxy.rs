@@ -23,7 +23,7 @@ use crate::app::App;
 use crate::upstream::{unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.
-const SESSION_HEADER: &str = "x-history-session";
+pub(crate) const SESSION_HEADER: &str = "x-history-session";
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
 pub struct OpenAiError {
@@ -34,7 +34,12 @@ pub struct OpenAiError {
 }
 
 impl OpenAiError {
-    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         OpenAiError {
             status,
             kind,
@@ -43,7 +48,7 @@ impl OpenAiError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         OpenAiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -85,9 +90,9 @@ impl From<SessionError> for OpenAiError {
     }
 }
 
-type Result<T> = std::result::Result<T, OpenAiError>;
+pub(crate) type Result<T> = std::result::Result<T, OpenAiError>;
 
-fn upstream(app: &App) -> Result<&Upstream> {
+pub(crate) fn upstream(app: &App) -> Result<&Upstream> {
     app.upstream.as_deref().ok_or_else(|| {
         OpenAiError::new(
             StatusCode::NOT_FOUND,
@@ -406,7 +411,7 @@ fn timeout_error(timeout: Duration, key: &str) -> OpenAiError {
 /// once they arrive (within `timeout_s`, and `read_timeout_s` once the request is sent),
 /// then each chunk of the body as soon as it is read (at most `read_timeout_s` apart; a
 /// longer gap ends the body).
-async fn forward(
+pub(crate) async fn forward(
     upstream: &Upstream,
     method: Method,
     path: &str,
