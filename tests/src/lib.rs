@@ -10,6 +10,7 @@ pub mod histories;
 pub mod link;
 pub mod server;
 pub mod store;
+pub mod responses_upstream;
 pub mod upstream;
 
 use std::io::Write;

@@ -29,6 +29,7 @@ mod process_cli;
 mod properties;
 mod proxy;
 mod relevance;
+mod responses;
 mod reload;
 mod retention;
 mod rewriting;
