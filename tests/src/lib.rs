@@ -8,9 +8,9 @@
 pub mod fixtures;
 pub mod histories;
 pub mod link;
+pub mod responses_upstream;
 pub mod server;
 pub mod store;
-pub mod responses_upstream;
 pub mod upstream;
 
 use std::io::Write;

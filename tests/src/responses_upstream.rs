@@ -72,9 +72,15 @@ fn check_items(items: &[Value], continued: bool) -> Result<(), String> {
                 }
             }
             call @ ("function_call" | "custom_tool_call") => {
-                let argument = if call == "function_call" { "arguments" } else { "input" };
+                let argument = if call == "function_call" {
+                    "arguments"
+                } else {
+                    "input"
+                };
                 if !(string("call_id") && string("name") && string(argument)) {
-                    return Err(at(&format!("{call}: call_id, name and {argument} must be strings")));
+                    return Err(at(&format!(
+                        "{call}: call_id, name and {argument} must be strings"
+                    )));
                 }
                 let output = format!("{call}_output");
                 let answered = items[index + 1..]
@@ -126,10 +132,13 @@ fn check_message(item: &Value) -> Result<(), String> {
             for (index, part) in parts.iter().enumerate() {
                 let kind = part["type"].as_str().unwrap_or("");
                 if !allowed.contains(&kind) {
-                    return Err(format!("content[{index}]: '{kind}' is not valid in a {role} message"));
+                    return Err(format!(
+                        "content[{index}]: '{kind}' is not valid in a {role} message"
+                    ));
                 }
                 let text_ok = !kind.ends_with("_text") || part["text"].is_string();
-                let image_ok = kind != "input_image" || part["image_url"].is_string() || part["file_id"].is_string();
+                let image_ok =
+                    kind != "input_image" || part["image_url"].is_string() || part["file_id"].is_string();
                 if !(text_ok && image_ok) {
                     return Err(format!("content[{index}]: a malformed {kind} part"));
                 }
@@ -201,8 +210,16 @@ pub fn stream(out: &mut impl Write, body: &Value, chunks: usize, gap: Duration) 
         }
         extra
     };
-    event(out, "response.created", json!({"response": response(body, "in_progress", None)}))?;
-    event(out, "response.in_progress", json!({"response": response(body, "in_progress", None)}))?;
+    event(
+        out,
+        "response.created",
+        json!({"response": response(body, "in_progress", None)}),
+    )?;
+    event(
+        out,
+        "response.in_progress",
+        json!({"response": response(body, "in_progress", None)}),
+    )?;
     event(
         out,
         "response.output_item.added",
@@ -217,9 +234,17 @@ pub fn stream(out: &mut impl Write, body: &Value, chunks: usize, gap: Duration) 
         if index > 0 {
             std::thread::sleep(gap);
         }
-        event(out, "response.output_text.delta", with(json!({"delta": part, "logprobs": []})))?;
+        event(
+            out,
+            "response.output_text.delta",
+            with(json!({"delta": part, "logprobs": []})),
+        )?;
     }
-    event(out, "response.output_text.done", with(json!({"text": text, "logprobs": []})))?;
+    event(
+        out,
+        "response.output_text.done",
+        with(json!({"text": text, "logprobs": []})),
+    )?;
     event(
         out,
         "response.content_part.done",
@@ -230,5 +255,9 @@ pub fn stream(out: &mut impl Write, body: &Value, chunks: usize, gap: Duration) 
         "response.output_item.done",
         json!({"output_index": 0, "item": message(&text, "completed")}),
     )?;
-    event(out, "response.completed", json!({"response": response(body, "completed", Some(&text))}))
+    event(
+        out,
+        "response.completed",
+        json!({"response": response(body, "completed", Some(&text))}),
+    )
 }

@@ -15,7 +15,11 @@ use serde_json::{json as j, Value};
 /// Runs tests/py/openai_responses.py with `spec`; its JSON answer.
 fn responses_client(spec: &Value) -> Value {
     let python = target_dir().join("py").join("bin").join("python");
-    assert!(python.exists(), "{} is missing: run `cargo xtask test` once", python.display());
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask test` once",
+        python.display()
+    );
     let mut child = Command::new(python)
         .arg(workspace_root().join("tests/py/openai_responses.py"))
         .stdin(Stdio::piped())
@@ -126,7 +130,9 @@ fn extra() -> Value {
 }
 
 fn header<'a>(headers: &'a Value, name: &str) -> &'a str {
-    headers[name].as_str().unwrap_or_else(|| panic!("no {name} in {headers}"))
+    headers[name]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {name} in {headers}"))
 }
 
 /// "IN->OUT" read.
@@ -139,7 +145,11 @@ fn counts(value: &str) -> (usize, usize) {
 fn all_valid(upstream: &Upstream) {
     for request in upstream.requests() {
         if request.path.ends_with("/responses") {
-            assert_eq!(refusal(&request.json()), None, "the upstream got an invalid request");
+            assert_eq!(
+                refusal(&request.json()),
+                None,
+                "the upstream got an invalid request"
+            );
         }
     }
 }
@@ -166,7 +176,12 @@ fn the_openai_client_gets_the_answer_and_the_upstream_a_trimmed_valid_input_with
     assert_eq!(request.header("authorization"), Some("Bearer sk-responses-test"));
     let body = request.json();
     let sent = body["input"].as_array().unwrap();
-    assert!(sent.len() < items.len(), "the window trims: {} of {}", sent.len(), items.len());
+    assert!(
+        sent.len() < items.len(),
+        "the window trims: {} of {}",
+        sent.len(),
+        items.len()
+    );
     assert_eq!(answer["output_text"], format!("answer to {} items", sent.len()));
     let headers = &answer["headers"];
     let (messages_in, messages_out) = counts(header(headers, "x-history-messages"));
@@ -184,7 +199,9 @@ fn the_openai_client_gets_the_answer_and_the_upstream_a_trimmed_valid_input_with
     // What was kept is a suffix of what was sent, item for item, but whatever was cut.
     let last = sent.last().unwrap();
     assert_eq!(last, items.last().unwrap(), "the newest item goes upstream");
-    assert!(sent.iter().all(|item| item["type"] != "function_call" || items.contains(item)));
+    assert!(sent
+        .iter()
+        .all(|item| item["type"] != "function_call" || items.contains(item)));
 }
 
 /// The conversation pretty-printed, so each item's bytes are its own.
@@ -208,7 +225,12 @@ fn post_raw(server: &Server, body: &str, headers: &[(&str, &str)]) -> (u16, Vec<
     let names = response.headers_names();
     let headers = names
         .iter()
-        .map(|n| (n.to_ascii_lowercase(), response.header(n).unwrap_or("").to_string()))
+        .map(|n| {
+            (
+                n.to_ascii_lowercase(),
+                response.header(n).unwrap_or("").to_string(),
+            )
+        })
         .collect();
     (response.status(), headers, response.into_string().unwrap())
 }
@@ -263,11 +285,18 @@ fn unchanged_items_go_upstream_byte_for_byte_and_previous_response_id_passes_thr
 
     // Bad input is an OpenAI error naming where; nothing goes upstream.
     let before = upstream.requests().len();
-    let (status, _, answer) = post_raw(&server, r#"{"model":"gpt-4o","input":[{"type":"message","role":"robot","content":"x"}]}"#, &[]);
+    let (status, _, answer) = post_raw(
+        &server,
+        r#"{"model":"gpt-4o","input":[{"type":"message","role":"robot","content":"x"}]}"#,
+        &[],
+    );
     assert_eq!(status, 400);
     let answer: Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(answer["error"]["type"], "invalid_request_error");
-    assert!(answer["error"]["message"].as_str().unwrap().contains("input[0]"), "{answer}");
+    assert!(
+        answer["error"]["message"].as_str().unwrap().contains("input[0]"),
+        "{answer}"
+    );
     assert_eq!(upstream.requests().len(), before);
 }
 
@@ -292,11 +321,27 @@ fn a_streamed_answer_comes_as_responses_events() {
     }));
     assert!(answer.get("status").is_none(), "refused: {answer}");
     all_valid(&upstream);
-    let events: Vec<&str> = answer["events"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
+    let events: Vec<&str> = answer["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
     assert_eq!(events.first(), Some(&"response.created"));
     assert_eq!(events.last(), Some(&"response.completed"));
-    assert_eq!(events.iter().filter(|e| **e == "response.output_text.delta").count(), 4);
-    let deltas: String = answer["deltas"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| **e == "response.output_text.delta")
+            .count(),
+        4
+    );
+    let deltas: String = answer["deltas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
     assert_eq!(deltas, "part0 part1 part2 part3 ");
     assert_eq!(answer["output_text"], j!(deltas));
     assert_eq!(upstream.requests()[0].json()["stream"], true);
