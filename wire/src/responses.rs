@@ -103,6 +103,11 @@ fn is_output(item: &Map<String, Value>) -> bool {
     kind_of(item).ends_with("_call_output") && call_id(item).is_some()
 }
 
+/// The mark of the identities [`parse`] gives (the engine's fresh ones have the top bit,
+/// a session's are its positions, far below), so the write-back never takes another
+/// message's identity for one of its own.
+const ORIGIN_TAG: u64 = 1 << 62;
+
 /// Reads `instructions` (raw JSON text, if present) and `input` (raw JSON text).
 pub fn parse<'a>(instructions: Option<&'a RawValue>, input: &'a RawValue) -> Result<Parsed<'a>, String> {
     let mut units = Vec::new();
@@ -142,7 +147,7 @@ pub fn parse<'a>(instructions: Option<&'a RawValue>, input: &'a RawValue) -> Res
         .map(|(index, unit)| {
             // Positions as identities: the chain keeps them on what it passes on, so the
             // write-back finds a message's item(s) without searching.
-            RArc::make_mut(&mut unit.message).set_origin(index as u64 + 1);
+            RArc::make_mut(&mut unit.message).set_origin(ORIGIN_TAG | (index as u64 + 1));
             unit.message.clone()
         })
         .collect();

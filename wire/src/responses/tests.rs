@@ -188,3 +188,29 @@ fn bad_input_is_named_with_where_it_is() {
         Some("instructions: expected a string")
     );
 }
+
+#[test]
+fn a_message_kept_in_the_chat_format_reads_back_as_the_same_message() {
+    // A session keeps its transcript in the chat format: what comes back from it must be
+    // found unchanged, so its items go upstream as they came.
+    let parsed = parse(Some(raw(r#""be""#)), raw(INPUT)).unwrap();
+    let back: Vec<RArc<Message>> = parsed
+        .messages
+        .iter()
+        .map(|message| {
+            let text = plugin_api::wire::message_to_string(message);
+            let value: Value = serde_json::from_str(&text).unwrap();
+            let mut read = plugin_api::wire::parse_message(&value).unwrap();
+            read.set_origin(1000 + message.origin() % 1000);
+            RArc::new(read)
+        })
+        .collect();
+    let written = parsed.record.write(&back);
+    let items: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
+    let expected = format!(
+        "[{}]",
+        items.iter().map(|i| i.get()).collect::<Vec<_>>().join(",")
+    );
+    assert_eq!(written.input, expected);
+    assert_eq!(written.instructions.as_deref(), Some(r#""be""#));
+}

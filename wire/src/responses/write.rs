@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use plugin_api::{Content, Message, Part, RArc, Role, ToolCall};
 use serde_json::{Map, Value};
 
-use super::{kind_of, same, Record, Slot, SlotKind, Source, Unit, Written};
+use super::{kind_of, same, Record, Slot, SlotKind, Source, Unit, Written, ORIGIN_TAG};
 
 /// One written item and what the reasoning rule needs to know of it.
 struct Item<'a> {
@@ -49,9 +49,10 @@ pub(super) fn write(record: &Record<'_>, history: &[RArc<Message>]) -> Written {
     let mut found: Vec<(Option<&Unit<'_>>, bool)> = Vec::with_capacity(history.len());
     let mut cursor = 0;
     for message in history {
-        let origin = message.origin() as usize;
-        let by_origin = origin
-            .checked_sub(1)
+        let origin = message.origin();
+        let by_origin = (origin >> 62 == 1)
+            .then(|| (origin ^ ORIGIN_TAG) as usize)
+            .and_then(|position| position.checked_sub(1))
             .and_then(|index| record.units.get(index))
             .filter(|unit| unit.message.role == message.role);
         let entry = match by_origin {
