@@ -51,7 +51,7 @@ pub(super) fn write(record: &Record<'_>, history: &[RArc<Message>]) -> Written {
     for message in history {
         let origin = message.origin();
         let by_origin = (origin >> 62 == 1)
-            .then(|| (origin ^ ORIGIN_TAG) as usize)
+            .then_some((origin ^ ORIGIN_TAG) as usize)
             .and_then(|position| position.checked_sub(1))
             .and_then(|index| record.units.get(index))
             .filter(|unit| unit.message.role == message.role);
