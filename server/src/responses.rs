@@ -10,6 +10,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 use history_engine::turns;
+use history_sessions::StatelessRun;
+use plugin_api::{Message, RArc};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -60,34 +62,10 @@ pub async fn responses(
     let input = member(&members, "input").ok_or_else(|| OpenAiError::invalid("missing \"input\""))?;
     let parsed = history_wire::responses::parse(member(&members, "instructions"), input)
         .map_err(OpenAiError::invalid)?;
-    let session = match headers.get(SESSION_HEADER) {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .map_err(|_| OpenAiError::invalid("X-History-Session: not a session id"))?
-                .to_string(),
-        ),
-    };
-    let (run, unknown_model) = match &session {
-        Some(id) => {
-            // A session's transcript is kept in the chat format (docs/wire-format.md).
-            let messages = parsed
-                .messages
-                .iter()
-                .map(|message| serde_json::from_str::<Value>(&plugin_api::wire::message_to_string(message)))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| OpenAiError::invalid(format!("input: {e}")))?;
-            (app.service.turn_resent(id, messages, model).await?.run, None)
-        }
-        None => {
-            let mut history = parsed.messages.clone();
-            let turn = turns::current_turn(&history, None);
-            turns::prepare(&mut history, turn);
-            let stateless = app.service.run_stateless("proxy", history, turn, model).await?;
-            (stateless.run, stateless.unknown_model)
-        }
-    };
+    if parsed.messages.is_empty() {
+        return Err(OpenAiError::invalid("input: at least one item is needed"));
+    }
+    let StatelessRun { run, unknown_model } = run_chain(&app, &headers, &parsed.messages, model).await?;
     let written = parsed.record.write(&run.history);
     let body = forwarded_body(&members, &written);
     drop(parsed);
@@ -114,6 +92,45 @@ pub async fn responses(
         add("x-history-model", format!("default (unknown {shown})"));
     }
     Ok(response)
+}
+
+/// The chain on the request's messages: a turn of the session `X-History-Session` names,
+/// or a stateless run.
+async fn run_chain(
+    app: &App,
+    headers: &HeaderMap,
+    messages: &[RArc<Message>],
+    model: Option<String>,
+) -> Result<StatelessRun> {
+    let session = match headers.get(SESSION_HEADER) {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .map_err(|_| OpenAiError::invalid("X-History-Session: not a session id"))?,
+        ),
+    };
+    match session {
+        Some(id) => {
+            // A session's transcript is kept in the chat format (docs/wire-format.md).
+            let messages = messages
+                .iter()
+                .map(|message| serde_json::from_str::<Value>(&plugin_api::wire::message_to_string(message)))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| OpenAiError::invalid(format!("input: {e}")))?;
+            let run = app.service.turn_resent(id, messages, model).await?.run;
+            Ok(StatelessRun {
+                run,
+                unknown_model: None,
+            })
+        }
+        None => {
+            let mut history = messages.to_vec();
+            let turn = turns::current_turn(&history, None);
+            turns::prepare(&mut history, turn);
+            Ok(app.service.run_stateless("proxy", history, turn, model).await?)
+        }
+    }
 }
 
 fn member<'a>(members: &[(String, &'a RawValue)], name: &str) -> Option<&'a RawValue> {

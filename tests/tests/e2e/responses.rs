@@ -297,6 +297,16 @@ fn unchanged_items_go_upstream_byte_for_byte_and_previous_response_id_passes_thr
         answer["error"]["message"].as_str().unwrap().contains("input[0]"),
         "{answer}"
     );
+    for (body, says) in [
+        (r#"{"model":"gpt-4o","input":[]}"#, "at least one item"),
+        (r#"{"model":"gpt-4o"}"#, r#"missing \"input\""#),
+        (r#"{"model":"gpt-4o","input":7}"#, "a string or an array"),
+        (r#"[1]"#, "a JSON object"),
+    ] {
+        let (status, _, answer) = post_raw(&server, body, &[]);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
     assert_eq!(upstream.requests().len(), before);
 }
 
