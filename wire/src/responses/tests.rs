@@ -214,3 +214,53 @@ fn a_message_kept_in_the_chat_format_reads_back_as_the_same_message() {
     assert_eq!(written.input, expected);
     assert_eq!(written.instructions.as_deref(), Some(r#""be""#));
 }
+
+#[test]
+fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
+    let input = r#"[{"type":"message","role":"user","content":"click it"},
+      {"type":"computer_call","id":"cu_1","call_id":"call_c","action":{"type":"click","x":1,"y":2},"pending_safety_checks":[],"status":"completed"},
+      {"type":"computer_call_output","call_id":"call_c","output":{"type":"computer_screenshot","image_url":"data:image/png;base64,AAAA"}},
+      {"type":"function_call","id":"fc_9","call_id":"call_f","name":"grep","arguments":"{\"q\":\"x\"}","status":"completed"},
+      {"type":"function_call_output","call_id":"call_f","output":[{"type":"input_text","text":"found"}]}]"#;
+    let parsed = parse(None, raw(input)).unwrap();
+    let m = &parsed.messages;
+    assert_eq!(m.len(), 5);
+    assert_eq!(m[1].tool_calls[0].name.as_str(), "computer_call");
+    // The computer call's output, unchanged, as its bytes; the function call's arguments
+    // and its output's text changed.
+    let mut call = (*m[3]).clone();
+    call.tool_calls[0].arguments = r#"{"q":"y"}"#.into();
+    let mut output = (*m[4]).clone();
+    output.content = Content::Text("[cut]".into());
+    let written = parsed.record.write(&[
+        m[0].clone(),
+        m[1].clone(),
+        m[2].clone(),
+        RArc::new(call),
+        RArc::new(output),
+    ]);
+    let out = items(&written.input);
+    valid(&out).unwrap();
+    let source: Vec<&RawValue> = serde_json::from_str(input).unwrap();
+    assert!(written.input.contains(source[2].get()));
+    assert_eq!(
+        out[3],
+        serde_json::json!({"type":"function_call","id":"fc_9","call_id":"call_f","name":"grep","arguments":"{\"q\":\"y\"}","status":"completed"})
+    );
+    assert_eq!(
+        out[4],
+        serde_json::json!({"type":"function_call_output","call_id":"call_f","output":"[cut]"})
+    );
+    // A changed object output stays an object.
+    let mut screenshot = (*m[2]).clone();
+    screenshot.content = Content::Parts(
+        vec![plugin_api::Part::Opaque {
+            json: r#"{"type":"computer_screenshot","file_id":"f"}"#.into(),
+        }]
+        .into(),
+    );
+    let written = parsed
+        .record
+        .write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
+    assert_eq!(items(&written.input)[2]["output"]["file_id"], "f");
+}

@@ -36,12 +36,16 @@ impl<'a> Item<'a> {
     }
 
     fn made(item: Map<String, Value>) -> Item<'a> {
-        let json = Value::Object(item).to_string();
-        let item = match serde_json::from_str::<Value>(&json) {
-            Ok(Value::Object(item)) => item,
-            _ => Map::new(),
-        };
-        Item::new(Cow::Owned(json), &item)
+        let Item {
+            model_side,
+            reasoning,
+            ..
+        } = Item::new(Cow::Borrowed(""), &item);
+        Item {
+            json: Cow::Owned(Value::Object(item).to_string()),
+            model_side,
+            reasoning,
+        }
     }
 }
 
