@@ -125,21 +125,22 @@ pub fn parse<'a>(instructions: Option<&'a RawValue>, input: &'a RawValue) -> Res
         }
     }
     let mut call_kinds = Vec::new();
-    match serde_json::from_str::<Value>(input.get()) {
-        Ok(Value::String(text)) => {
+    // Told apart by the first byte: the items are parsed once, one by one, not as a whole.
+    match input.get().trim_start().as_bytes().first() {
+        Some(b'"') => {
+            let text: String = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
             let message = Message::new(Role::User, Content::Text(text.into()));
             units.push(Unit {
                 message: RArc::new(message),
                 source: Source::InputString(input.get()),
             });
         }
-        Ok(Value::Array(_)) => {
+        Some(b'[') => {
             let items: Vec<&'a RawValue> =
                 serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
             read_items(&items, &mut units, &mut call_kinds)?;
         }
-        Ok(_) => return Err("input: expected a string or an array of items".into()),
-        Err(e) => return Err(format!("input: {e}")),
+        _ => return Err("input: expected a string or an array of items".into()),
     }
     let messages = units
         .iter_mut()
