@@ -45,6 +45,7 @@ mod cpu;
 mod isolated;
 mod loopback;
 mod proxy;
+mod proxy_responses;
 mod serve;
 
 use std::collections::BTreeMap;

@@ -33,12 +33,19 @@ use crate::{check_flags, flag, Result};
 /// Messages of the resent conversation.
 const CONVERSATION_MESSAGES: usize = 200;
 /// Requests in one block of the alternating latency measurement.
-const BLOCK: usize = 10;
+pub(crate) const BLOCK: usize = 10;
 
 pub fn proxy(args: &[String]) -> Result<()> {
     check_flags(
         args,
-        &["--host", "--plugin-dir", "--requests", "--clients", "--time-cap"],
+        &[
+            "--host",
+            "--plugin-dir",
+            "--requests",
+            "--clients",
+            "--time-cap",
+            "--wire",
+        ],
         &["--json"],
     )?;
     let json_out = args.iter().any(|a| a == "--json");
@@ -47,6 +54,12 @@ pub fn proxy(args: &[String]) -> Result<()> {
     let requests: usize = flag(args, "--requests")?.unwrap_or(500);
     let clients: usize = flag(args, "--clients")?.unwrap_or(32);
     let cap = Duration::from_secs(flag(args, "--time-cap")?.unwrap_or(120u64));
+    // `responses`: the Responses wire measured too, beside the chat wire (docs/proxy.md#responses).
+    let responses = match flag::<String>(args, "--wire")?.as_deref() {
+        None | Some("chat") => false,
+        Some("responses") => true,
+        Some(other) => return Err(format!("--wire: chat or responses, not {other:?}")),
+    };
     if requests == 0 || clients == 0 {
         return Err("--requests and --clients must be at least 1".into());
     }
@@ -74,13 +87,7 @@ pub fn proxy(args: &[String]) -> Result<()> {
         &["--store", &store, "--upstream", &upstream],
         &work.join("serve.log"),
     )?;
-    let measured = runtime.block_on(measure(
-        &server,
-        &format!("{upstream}/chat/completions"),
-        requests,
-        clients,
-        cap,
-    ));
+    let measured = runtime.block_on(measure(&server, &upstream, requests, clients, cap, responses));
     let peak_rss = server.peak_rss_mb();
     server.stop()?;
     let _ = std::fs::remove_dir_all(&work);
@@ -126,15 +133,19 @@ const STREAM: &str = concat!(
 async fn standin_answer(
     request: Request<Incoming>,
 ) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
+    let path = request.uri().path().to_string();
     let body = request
         .into_body()
         .collect()
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    let responses = path.ends_with("/responses");
     let edge = |part: &[u8]| part.windows(13).any(|w| w == b"\"stream\":true");
     let streamed = edge(&body[..body.len().min(200)]) || edge(&body[body.len().saturating_sub(200)..]);
-    let (kind, text) = if streamed {
+    let (kind, text) = if responses {
+        ("application/json", crate::proxy_responses::RESPONSE)
+    } else if streamed {
         ("text/event-stream", STREAM)
     } else {
         ("application/json", COMPLETION)
@@ -146,7 +157,12 @@ async fn standin_answer(
 }
 
 /// Time to the answer's end, or to its first body byte.
-async fn timed(client: &HttpClient, url: &str, body: &Bytes, first_byte: bool) -> Result<Duration> {
+pub(crate) async fn timed(
+    client: &HttpClient,
+    url: &str,
+    body: &Bytes,
+    first_byte: bool,
+) -> Result<Duration> {
     let request = Request::builder()
         .method(Method::POST)
         .uri(url)
@@ -181,7 +197,7 @@ async fn timed(client: &HttpClient, url: &str, body: &Bytes, first_byte: bool) -
 }
 
 /// `n` requests to each of `a` and `b`, alternating in blocks of [`BLOCK`].
-async fn alternating(
+pub(crate) async fn alternating(
     client: &HttpClient,
     a: &str,
     b: &str,
@@ -260,11 +276,13 @@ fn tokenized(before: &str, after: &str) -> Value {
 
 async fn measure(
     server: &Serve,
-    direct: &str,
+    upstream: &str,
     requests: usize,
     clients: usize,
     cap: Duration,
+    responses: bool,
 ) -> Result<Value> {
+    let direct = &format!("{upstream}/chat/completions");
     let conversation = generate_messages(CONVERSATION_MESSAGES, 1);
     let messages = conversation.len();
     let request = |stream: bool| {
@@ -297,7 +315,18 @@ async fn measure(
     let added = |a: &[Duration], b: &[Duration], q: f64| round(ms(quantile(b, q)) - ms(quantile(a, q)), 3);
     let throughput_ratio = direct_many["requests_per_s"].as_f64().unwrap_or(0.0)
         / proxied_many["requests_per_s"].as_f64().unwrap_or(1.0).max(1e-9);
+    let responses = match responses {
+        false => Value::Null,
+        true => {
+            let chat = (
+                added(&direct_seq, &proxied_seq, 0.5),
+                added(&direct_seq, &proxied_seq, 0.99),
+            );
+            crate::proxy_responses::measure(&client, server, upstream, &conversation, requests, chat).await?
+        }
+    };
     Ok(json!({
+        "responses": responses,
         "conversation": {"messages": messages, "request_bytes": plain.len()},
         "latency": {
             "requests": requests,
@@ -364,6 +393,19 @@ fn print_table(r: &Value) {
     println!();
     println!("token cache: first request {}", c["first_request"]);
     println!("             every request after it {}", c["every_request_after"]);
+    let w = &r["responses"];
+    if !w.is_null() {
+        println!();
+        println!(
+            "Responses wire, {} requests each, {} bytes per request (direct and proxied alternating):",
+            w["requests"], w["request_bytes"]
+        );
+        print_direct_proxy_added(w, "");
+        println!(
+            "  added over the chat wire's: p50 {}×  p99 {}×   (target ≤ 1.2×)",
+            w["added_p50_over_chat"], w["added_p99_over_chat"]
+        );
+    }
     println!("serve peak RSS {} MB", r["serve_peak_rss_mb"]);
 }
 

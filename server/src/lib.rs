@@ -14,6 +14,7 @@ mod proxy;
 mod proxy_recall;
 mod recall;
 mod resent;
+mod responses;
 mod routes;
 mod traffic;
 mod ui;

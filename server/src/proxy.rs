@@ -23,7 +23,7 @@ use crate::app::App;
 use crate::upstream::{unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.
-const SESSION_HEADER: &str = "x-history-session";
+pub(crate) const SESSION_HEADER: &str = "x-history-session";
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
 pub struct OpenAiError {
@@ -90,9 +90,9 @@ impl From<SessionError> for OpenAiError {
     }
 }
 
-type Result<T> = std::result::Result<T, OpenAiError>;
+pub(crate) type Result<T> = std::result::Result<T, OpenAiError>;
 
-fn upstream(app: &App) -> Result<&Upstream> {
+pub(crate) fn upstream(app: &App) -> Result<&Upstream> {
     app.upstream.as_deref().ok_or_else(|| {
         OpenAiError::new(
             StatusCode::NOT_FOUND,

@@ -8,6 +8,7 @@
 pub mod fixtures;
 pub mod histories;
 pub mod link;
+pub mod responses_upstream;
 pub mod server;
 pub mod store;
 pub mod upstream;

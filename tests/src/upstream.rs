@@ -5,7 +5,8 @@
 //! `model` is `"slow"` gets no answer for `slow` (past the proxy's timeout). The time each
 //! streamed chunk was written is recorded (seconds since the Unix epoch), so a test can
 //! show a client got a chunk before the upstream finished. [`Upstream::start_tls`] serves
-//! the same over TLS (rustls), with a certificate the test made.
+//! the same over TLS (rustls), with a certificate the test made. `POST /v1/responses` is
+//! checked and answered as OpenAI's Responses API would ([`crate::responses_upstream`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -312,6 +313,12 @@ fn serve(
             continue;
         }
         let value: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        if request.path.ends_with("/responses") {
+            if responses(reader.get_mut(), &value, behaviour)? {
+                return Ok(());
+            }
+            continue;
+        }
         let model = value["model"].as_str().unwrap_or("").to_string();
         if let Some(problem) = chat_problem(&value) {
             // As OpenAI answers a request it refuses.
@@ -382,4 +389,36 @@ fn serve(
         )?;
         reader.get_mut().flush()?;
     }
+}
+
+/// Answers a Responses request: 400 with OpenAI's error if the API would refuse it, else
+/// a Response object or its event stream. Whether the connection is done (a stream).
+fn responses(out: &mut impl Write, body: &Value, behaviour: Behaviour) -> std::io::Result<bool> {
+    use crate::responses_upstream as r;
+    if let Some(why) = r::refusal(body) {
+        let error = json!({"error": {"message": why, "type": "invalid_request_error", "param": "input", "code": null}});
+        let error = error.to_string();
+        write!(
+            out,
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{error}",
+            error.len()
+        )?;
+        out.flush()?;
+        return Ok(false);
+    }
+    if body["stream"] == true {
+        out.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+        )?;
+        r::stream(out, body, behaviour.chunks, behaviour.gap)?;
+        return Ok(true);
+    }
+    let answer = r::response(body, "completed", Some(&r::answer_text(body))).to_string();
+    write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Standin: yes\r\nContent-Length: {}\r\n\r\n{answer}",
+        answer.len()
+    )?;
+    out.flush()?;
+    Ok(false)
 }

@@ -6,6 +6,8 @@
 //! No I/O: the server reads bodies and talks to upstreams; this crate only converts.
 //!
 //! - [`chat`]: the OpenAI chat format, which is also the host's own format (documents,
-//!   the session API, the transcript).
+//!   the session API, the transcript);
+//! - [`responses`]: OpenAI's Responses API request (`instructions`, `input` items).
 
 pub mod chat;
+pub mod responses;

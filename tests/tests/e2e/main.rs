@@ -33,6 +33,7 @@ mod proxy;
 mod recall;
 mod relevance;
 mod reload;
+mod responses;
 mod retention;
 mod rewriting;
 mod role_pair;
