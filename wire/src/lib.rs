@@ -6,3 +6,5 @@
 //! No I/O: the server reads bodies and talks to upstreams; this crate only converts.
 //! The OpenAI chat format still lives in `plugin_api::wire` while it moves here
 //! (issue #25 item 2).
+
+pub mod anthropic;
