@@ -5,6 +5,7 @@
 //! need `Authorization: Bearer TOKEN`; bodies past `max_body_mb` are refused with 413
 //! before they are read whole.
 
+mod anthropic;
 mod app;
 mod auth;
 mod conn;

@@ -23,7 +23,7 @@ use crate::app::App;
 use crate::upstream::{unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.
-const SESSION_HEADER: &str = "x-history-session";
+pub(crate) const SESSION_HEADER: &str = "x-history-session";
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "code", "param"}}`.
 pub struct OpenAiError {
@@ -50,6 +50,18 @@ impl OpenAiError {
             "invalid_request",
             message,
         )
+    }
+}
+
+impl OpenAiError {
+    /// The status, for another wire's error shape (crate::anthropic).
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The message, for another wire's error shape (crate::anthropic).
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -87,7 +99,7 @@ impl From<SessionError> for OpenAiError {
 
 type Result<T> = std::result::Result<T, OpenAiError>;
 
-fn upstream(app: &App) -> Result<&Upstream> {
+pub(crate) fn upstream(app: &App) -> Result<&Upstream> {
     app.upstream.as_deref().ok_or_else(|| {
         OpenAiError::new(
             StatusCode::NOT_FOUND,
@@ -229,20 +241,20 @@ macro_rules! other_values {
 /// (borrowed from the body), or any other JSON value. Read once, without building a
 /// `Value` of the whole body: every member but `messages` is forwarded as these bytes, and
 /// `messages` is split into its elements' texts in the same pass.
-enum RequestBody<'a> {
+pub(crate) enum RequestBody<'a> {
     Object(Members<'a>),
     Other,
 }
 
-struct Members<'a> {
+pub(crate) struct Members<'a> {
     /// Every member in its place; `None` stands for `messages`, whose value is in
     /// [`Members::messages`].
-    members: Vec<(String, Option<&'a RawValue>)>,
-    messages: Option<Messages<'a>>,
+    pub(crate) members: Vec<(String, Option<&'a RawValue>)>,
+    pub(crate) messages: Option<Messages<'a>>,
 }
 
 impl<'a> Members<'a> {
-    fn member(&self, name: &str) -> Option<&'a RawValue> {
+    pub(crate) fn member(&self, name: &str) -> Option<&'a RawValue> {
         self.members
             .iter()
             .find(|(key, _)| key == name)
@@ -251,7 +263,7 @@ impl<'a> Members<'a> {
 }
 
 /// The value of `messages`: each element's JSON text, or a value of another kind.
-enum Messages<'a> {
+pub(crate) enum Messages<'a> {
     Array(Vec<&'a RawValue>),
     Other,
 }
@@ -328,7 +340,7 @@ impl<'de> Deserialize<'de> for Messages<'de> {
 
 /// The body sent upstream: the request's members in their order and as their bytes came,
 /// with `sent` (the sent history's JSON text) as the value of `messages`.
-fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes {
+pub(crate) fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes {
     let size = members
         .iter()
         .map(|(key, raw)| key.len() + raw.map_or(0, |raw| raw.get().len()) + 4)
@@ -406,7 +418,7 @@ fn timeout_error(timeout: Duration, key: &str) -> OpenAiError {
 /// once they arrive (within `timeout_s`, and `read_timeout_s` once the request is sent),
 /// then each chunk of the body as soon as it is read (at most `read_timeout_s` apart; a
 /// longer gap ends the body).
-async fn forward(
+pub(crate) async fn forward(
     upstream: &Upstream,
     method: Method,
     path: &str,
