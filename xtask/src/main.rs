@@ -180,20 +180,24 @@ fn test(args: &[String]) -> Result<()> {
 }
 
 /// The Python the proxy's tests drive the real `openai` client with: a virtualenv in
-/// `target/py`, created (and `openai` installed into it) only when it is missing.
+/// `target/py`, created (and `openai` and `anthropic` installed into it) only when either
+/// is missing.
 fn python_env(target_dir: &Path) -> Result<()> {
     let venv = target_dir.join("py");
     let python = venv.join("bin").join("python");
     let ready = Command::new(&python)
-        .args(["-c", "import openai"])
+        .args(["-c", "import openai, anthropic"])
         .output()
         .is_ok_and(|o| o.status.success());
     if ready {
         return Ok(());
     }
-    eprintln!("xtask: creating {} with the openai client", venv.display());
+    eprintln!(
+        "xtask: creating {} with the openai and anthropic clients",
+        venv.display()
+    );
     run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "openai"]))
+    run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "openai", "anthropic"]))
 }
 
 /// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it

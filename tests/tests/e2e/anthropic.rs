@@ -1,0 +1,272 @@
+//! Anthropic's Messages API on the proxy (docs/proxy.md#anthropic-messages): a real
+//! `history-host serve --upstream` in front of a stand-in Anthropic upstream
+//! (`e2e_tests::anthropic_upstream`, which validates every request as Anthropic does), driven
+//! by the real `anthropic` Python SDK (in the virtualenv `cargo xtask build` makes in `target/py`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use e2e_tests::anthropic_upstream::AnthropicUpstream;
+use e2e_tests::server::{shipped_config, Server};
+use e2e_tests::{real_data_dir, target_dir, workspace_root, TestConfig};
+use serde_json::value::RawValue;
+use serde_json::{json as j, Value};
+
+fn python() -> PathBuf {
+    let python = target_dir().join("py").join("bin").join("python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask build` (it creates target/py with the anthropic SDK)",
+        python.display()
+    );
+    python
+}
+
+/// Runs tests/py/anthropic_client.py with `spec`; its JSON answer.
+fn anthropic_client(spec: &Value) -> Value {
+    let mut child = Command::new(python())
+        .arg(workspace_root().join("tests/py/anthropic_client.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(spec.to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the anthropic client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn start(config: &TestConfig, upstream: &str) -> Server {
+    let store = config.dir.path().join("sessions.db");
+    Server::try_start(
+        &config.path,
+        &store,
+        &[],
+        &["--listen", "127.0.0.1:0", "--upstream", upstream],
+    )
+    .unwrap_or_else(|e| panic!("serve did not start: {e}"))
+}
+
+/// The shipped chain on a small window, so a long conversation gets trimmed.
+fn small_window() -> TestConfig {
+    shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")])
+}
+
+const KEY: &str = "sk-ant-test-secret-9c1e";
+
+/// A long coding-agent conversation: a cached system prompt, twelve tool loops each with a
+/// signed thinking block, text and a `tool_use`, results with an image, a user message
+/// with an image, and the request ending in a tool loop with thinking enabled.
+fn agent_conversation() -> (Value, Vec<Value>) {
+    let system = j!([{"type": "text", "text": "You are a careful coding agent.", "cache_control": {"type": "ephemeral"}}]);
+    let image = j!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"}});
+    let mut messages =
+        vec![j!({"role": "user", "content": "The test suite fails; find out why and fix it."})];
+    for k in 0..12 {
+        messages.push(j!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": format!("Step {k}: I should read file_{k}.rs."), "signature": format!("EqQBCkYIARgCKkBsig{k}")},
+            {"type": "text", "text": format!("Reading file_{k}.rs.")},
+            {"type": "tool_use", "id": format!("toolu_{k:02}"), "name": "bash", "input": {"command": format!("cat src/file_{k}.rs"), "timeout": 30}}
+        ]}));
+        let output = format!(
+            "// file_{k}.rs\n{}",
+            format!("fn f{k}() {{ let x = {k}; assert_eq!(x, {k}); }}\n").repeat(40)
+        );
+        let result = match k {
+            3 => {
+                j!({"type": "tool_result", "tool_use_id": format!("toolu_{k:02}"), "content": [{"type": "text", "text": output}, image.clone()]})
+            }
+            7 => {
+                j!({"type": "tool_result", "tool_use_id": format!("toolu_{k:02}"), "content": output, "is_error": true, "cache_control": {"type": "ephemeral"}})
+            }
+            _ => j!({"type": "tool_result", "tool_use_id": format!("toolu_{k:02}"), "content": output}),
+        };
+        let mut blocks = vec![result];
+        if k == 5 {
+            blocks.push(j!({"type": "text", "text": "Here is a screenshot of the failure."}));
+            blocks.push(image.clone());
+        }
+        messages.push(j!({"role": "user", "content": blocks}));
+    }
+    (system, messages)
+}
+
+fn extra(system: &Value) -> Value {
+    j!({
+        "system": system,
+        "max_tokens": 2048,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "tools": [{"name": "bash", "description": "Run a shell command.", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}}, "required": ["command"]}}],
+        "tool_choice": {"type": "auto"},
+        "metadata": {"user_id": "user-1"},
+        "stop_sequences": ["\n\nHuman:"],
+    })
+}
+
+/// A body's members as their raw texts, and its messages' raw texts.
+fn raw_members(body: &str) -> (BTreeMap<String, &RawValue>, Vec<&RawValue>) {
+    let members: BTreeMap<String, &RawValue> = serde_json::from_str(body).unwrap();
+    let messages: Vec<&RawValue> = serde_json::from_str(members["messages"].get()).unwrap();
+    (members, messages)
+}
+
+fn value(raw: &RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap()
+}
+
+/// Every message the upstream got that equals one the client sent is the client's bytes;
+/// how many there were.
+fn unchanged_are_byte_identical(sent: &str, upstream: &str) -> usize {
+    let (_, client) = raw_members(sent);
+    let (_, forwarded) = raw_members(upstream);
+    let mut same = 0;
+    for raw in &forwarded {
+        if let Some(original) = client.iter().find(|c| value(c) == value(raw)) {
+            assert_eq!(
+                raw.get(),
+                original.get(),
+                "an unchanged message went upstream as other bytes"
+            );
+            same += 1;
+        }
+    }
+    same
+}
+
+/// What Anthropic's upstream got: one valid request on `path`; its body as text.
+fn the_one_valid_request(upstream: &AnthropicUpstream, path: &str) -> String {
+    assert_eq!(
+        upstream.invalid(),
+        Vec::<String>::new(),
+        "the upstream refused a request"
+    );
+    let received = upstream.requests();
+    assert_eq!(received.len(), 1, "{received:?}");
+    let request = &received[0];
+    assert_eq!(request.path, path);
+    // The key in whichever header the SDK sends it (x-api-key, or a bearer token).
+    let bearer = format!("Bearer {KEY}");
+    assert!(
+        request.header("x-api-key") == Some(KEY) || request.header("authorization") == Some(bearer.as_str()),
+        "the API key is forwarded: {:?}",
+        request.headers
+    );
+    assert!(
+        request.header("anthropic-version").is_some(),
+        "anthropic-version is forwarded"
+    );
+    String::from_utf8(request.body.clone()).unwrap()
+}
+
+#[test]
+fn the_anthropic_sdk_gets_the_answer_and_the_upstream_a_trimmed_valid_history_with_unchanged_messages_byte_identical(
+) {
+    let upstream = AnthropicUpstream::start();
+    let config = small_window();
+    let server = start(&config, &upstream.base_url());
+    let (system, messages) = agent_conversation();
+    let extra = extra(&system);
+    let answer = anthropic_client(&j!({
+        "base_url": server.url(""), "api_key": KEY, "model": "claude-sonnet-4-5",
+        "messages": messages, "extra": extra,
+    }));
+    let body = the_one_valid_request(&upstream, "/v1/messages");
+    let sent = answer["sent"].as_str().unwrap();
+    let forwarded: Value = serde_json::from_str(&body).unwrap();
+    let out = forwarded["messages"].as_array().unwrap();
+    assert!(
+        out.len() < messages.len(),
+        "the window trims the conversation: {} of {}",
+        out.len(),
+        messages.len()
+    );
+    assert_eq!(
+        answer["text"],
+        format!("answer to {} messages", out.len()),
+        "{answer}"
+    );
+
+    // Every other member as the client sent it; unchanged messages as their bytes.
+    let (client_members, _) = raw_members(sent);
+    let (upstream_members, _) = raw_members(&body);
+    for (key, raw) in &client_members {
+        if key != "messages" {
+            assert_eq!(upstream_members[key].get(), raw.get(), "{key}");
+        }
+    }
+    assert_eq!(client_members.len(), upstream_members.len());
+    let same = unchanged_are_byte_identical(sent, &body);
+    assert!(same >= 4, "only {same} messages went upstream unchanged");
+    assert_eq!(out.last(), messages.last(), "the current tool loop is kept");
+
+    let headers = &answer["headers"];
+    let counts = headers["x-history-messages"].as_str().unwrap();
+    let (before, after) = counts.split_once("->").unwrap();
+    assert!(
+        after.parse::<usize>().unwrap() < before.parse::<usize>().unwrap(),
+        "{counts}"
+    );
+    assert!(headers["x-history-tokens"].as_str().unwrap().contains("->"));
+    // Two markers came in (system, toolu_07's result); a cut one is reported.
+    let marks = headers["x-history-cache-breakpoints"].as_str().unwrap();
+    let kept = body.matches("\"cache_control\"").count();
+    assert_eq!(marks, format!("2->{kept}"));
+}
+
+#[test]
+fn a_streamed_answer_comes_back_as_anthropics_events_and_count_tokens_passes_through() {
+    let upstream = AnthropicUpstream::start();
+    let config = small_window();
+    let server = start(&config, &upstream.base_url());
+    let (system, messages) = agent_conversation();
+    let answer = anthropic_client(&j!({
+        "base_url": server.url(""), "api_key": KEY, "model": "claude-sonnet-4-5",
+        "messages": messages, "extra": extra(&system), "stream": true,
+    }));
+    let body = the_one_valid_request(&upstream, "/v1/messages");
+    let forwarded: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(forwarded["stream"], true);
+    let events: Vec<&str> = answer["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(events[..2], ["message_start", "content_block_start"]);
+    assert_eq!(
+        events[events.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert!(events[2..events.len() - 3]
+        .iter()
+        .all(|e| *e == "content_block_delta"));
+    let n = forwarded["messages"].as_array().unwrap().len();
+    assert_eq!(answer["text"], format!("answer to {n} messages"));
+    assert!(unchanged_are_byte_identical(answer["sent"].as_str().unwrap(), &body) >= 4);
+
+    let upstream = AnthropicUpstream::start();
+    let server = start(&config, &upstream.base_url());
+    let answer = anthropic_client(&j!({
+        "base_url": server.url(""), "api_key": KEY, "model": "claude-sonnet-4-5",
+        "messages": messages, "extra": {"system": system}, "count_tokens": true,
+    }));
+    let body = the_one_valid_request(&upstream, "/v1/messages/count_tokens");
+    assert_eq!(
+        body,
+        answer["sent"].as_str().unwrap(),
+        "passed through as it came"
+    );
+    assert_eq!(answer["input_tokens"], body.len() / 4);
+}
