@@ -119,17 +119,30 @@ pub async fn messages(
     let body = match serde_json::from_slice::<RequestBody<'_>>(&bytes) {
         Ok(RequestBody::Object(body)) => body,
         Ok(RequestBody::Other) => return Err(AnthropicError::invalid("the body must be a JSON object")),
-        Err(e) => return Err(AnthropicError::invalid(format!("the body is not valid JSON: {e}"))),
+        Err(e) => {
+            return Err(AnthropicError::invalid(format!(
+                "the body is not valid JSON: {e}"
+            )))
+        }
     };
-    let model = match body.member("model").map(|raw| serde_json::from_str::<Value>(raw.get())) {
+    let model = match body
+        .member("model")
+        .map(|raw| serde_json::from_str::<Value>(raw.get()))
+    {
         None => return Err(AnthropicError::invalid("model: Field required")),
         Some(Ok(Value::String(model))) => model,
         Some(_) => return Err(AnthropicError::invalid("model: expected a string")),
     };
     let texts: Vec<&str> = match &body.messages {
         Some(Messages::Array(messages)) if !messages.is_empty() => messages.iter().map(|m| m.get()).collect(),
-        Some(Messages::Array(_)) => return Err(AnthropicError::invalid("messages: at least one message is needed")),
-        Some(Messages::Other) => return Err(AnthropicError::invalid("messages: expected an array of messages")),
+        Some(Messages::Array(_)) => {
+            return Err(AnthropicError::invalid(
+                "messages: at least one message is needed",
+            ))
+        }
+        Some(Messages::Other) => {
+            return Err(AnthropicError::invalid("messages: expected an array of messages"))
+        }
         None => return Err(AnthropicError::invalid("messages: Field required")),
     };
     let session = match headers.get(SESSION_HEADER) {
@@ -153,7 +166,10 @@ pub async fn messages(
                 .map(|m| serde_json::from_str::<Value>(&plugin_api::wire::message_to_string(m)))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| AnthropicError::invalid(format!("messages: {e}")))?;
-            (app.service.turn_resent(id, messages, Some(model)).await?.run, None)
+            (
+                app.service.turn_resent(id, messages, Some(model)).await?.run,
+                None,
+            )
         }
         None => {
             let turn = turns::current_turn(&parsed.messages, None);
@@ -161,7 +177,10 @@ pub async fn messages(
             parsed.note_origins();
             let history = parsed.messages.clone();
             // An unlisted model runs as `default` (docs/proxy.md#models).
-            let stateless = app.service.run_stateless("proxy", history, turn, Some(model)).await?;
+            let stateless = app
+                .service
+                .run_stateless("proxy", history, turn, Some(model))
+                .await?;
             (stateless.run, stateless.unknown_model)
         }
     };
@@ -183,8 +202,14 @@ pub async fn messages(
             added.insert(HeaderName::from_static(name), value);
         }
     };
-    add("x-history-messages", format!("{}->{}", run.messages_in, run.history.len()));
-    add("x-history-tokens", format!("{}->{}", run.tokens_in, run.tokens_out));
+    add(
+        "x-history-messages",
+        format!("{}->{}", run.messages_in, run.history.len()),
+    );
+    add(
+        "x-history-tokens",
+        format!("{}->{}", run.tokens_in, run.tokens_out),
+    );
     if parsed.cache_breakpoints > 0 {
         add(
             "x-history-cache-breakpoints",

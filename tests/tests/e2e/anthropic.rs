@@ -270,3 +270,201 @@ fn a_streamed_answer_comes_back_as_anthropics_events_and_count_tokens_passes_thr
     );
     assert_eq!(answer["input_tokens"], body.len() / 4);
 }
+
+/// A chat conversation with each tool call's arguments spelled as compact JSON: a
+/// `tool_use` block's `input` is an object, so the spelling of the arguments text (the
+/// real data mixes `", "` and `","`) is the one thing the mapping does not carry.
+fn compact_arguments(chat: &[Value]) -> Vec<Value> {
+    let mut chat = chat.to_vec();
+    for message in &mut chat {
+        let calls = message.get_mut("tool_calls").and_then(Value::as_array_mut);
+        for call in calls.into_iter().flatten() {
+            let arguments: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+            call["function"]["arguments"] = Value::String(arguments.to_string());
+        }
+    }
+    chat
+}
+
+/// An OpenAI chat conversation in Anthropic's shape: the system message as `system`, tool
+/// calls as `tool_use` blocks after the text, each run of tool messages as one user message
+/// of `tool_result` blocks.
+fn to_anthropic(chat: &[Value]) -> (Value, Vec<Value>) {
+    let mut system = Value::Null;
+    let mut out: Vec<Value> = Vec::new();
+    for message in chat {
+        match message["role"].as_str().unwrap() {
+            "system" => system = message["content"].clone(),
+            "user" => out.push(j!({"role": "user", "content": message["content"]})),
+            "assistant" => match message["tool_calls"].as_array() {
+                Some(calls) => {
+                    let mut blocks = Vec::new();
+                    if let Some(text) = message["content"].as_str() {
+                        blocks.push(j!({"type": "text", "text": text}));
+                    }
+                    for call in calls {
+                        let input: Value =
+                            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+                        blocks.push(j!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input}));
+                    }
+                    out.push(j!({"role": "assistant", "content": blocks}));
+                }
+                None => out.push(j!({"role": "assistant", "content": message["content"]})),
+            },
+            "tool" => {
+                let block = j!({"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": message["content"]});
+                match out.last_mut() {
+                    Some(last) if last["role"] == "user" && last["content"].is_array() => {
+                        last["content"].as_array_mut().unwrap().push(block)
+                    }
+                    _ => out.push(j!({"role": "user", "content": [block]})),
+                }
+            }
+            other => panic!("role {other}"),
+        }
+    }
+    (system, out)
+}
+
+/// And back: the exact inverse of [`to_anthropic`].
+fn to_chat(system: &Value, messages: &[Value]) -> Vec<Value> {
+    let mut chat = Vec::new();
+    if !system.is_null() {
+        chat.push(j!({"role": "system", "content": system}));
+    }
+    for message in messages {
+        let (role, content) = (message["role"].as_str().unwrap(), &message["content"]);
+        let Some(blocks) = content.as_array() else {
+            chat.push(j!({"role": role, "content": content}));
+            continue;
+        };
+        if role == "user" {
+            for block in blocks {
+                chat.push(
+                    j!({"role": "tool", "tool_call_id": block["tool_use_id"], "content": block["content"]}),
+                );
+            }
+            continue;
+        }
+        let text = blocks
+            .iter()
+            .find(|b| b["type"] == "text")
+            .map_or(Value::Null, |b| b["text"].clone());
+        let calls: Vec<Value> = blocks
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .map(|b| j!({"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": b["input"].to_string()}}))
+            .collect();
+        chat.push(j!({"role": "assistant", "content": text, "tool_calls": calls}));
+    }
+    chat
+}
+
+fn post_messages(server: &Server, body: &Value, headers: &[(&str, &str)]) -> (u16, Value, Option<String>) {
+    let mut request = e2e_tests::server::agent()
+        .post(&server.url("/v1/messages"))
+        .set("Content-Type", "application/json")
+        .set("x-api-key", KEY)
+        .set("anthropic-version", "2023-06-01");
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    let response = match request.send_string(&body.to_string()) {
+        Ok(response) => response,
+        Err(ureq::Error::Status(_, response)) => response,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let status = response.status();
+    let marks = response.header("x-history-messages").map(str::to_string);
+    (
+        status,
+        serde_json::from_str(&response.into_string().unwrap()).unwrap(),
+        marks,
+    )
+}
+
+#[test]
+fn a_real_conversation_in_anthropics_shape_round_trips_and_extends_a_session_through_the_proxy() {
+    let text = std::fs::read_to_string(real_data_dir().join("tau-bench-airline-gpt4o.json")).unwrap();
+    let chat: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let (system, messages) = to_anthropic(&chat);
+    // The conversion round-trips exactly, but for the arguments' spelling.
+    let back = to_chat(&system, &messages);
+    let expected = compact_arguments(&chat);
+    assert_eq!(back.len(), expected.len());
+    for (i, (ours, theirs)) in back.iter().zip(&expected).enumerate() {
+        assert_eq!(ours, theirs, "message {i}");
+    }
+    let (again_system, again) = to_anthropic(&to_chat(&system, &messages));
+    assert_eq!((again_system, again), (system.clone(), messages.clone()));
+
+    let upstream = AnthropicUpstream::start();
+    let config = small_window();
+    let server = start(&config, &upstream.base_url());
+    let id = server.create("gpt-4o");
+    // Two turns of the session, each resending the conversation so far (ending on a user
+    // message), as Anthropic's clients do.
+    let half = (messages.len() / 2..messages.len())
+        .find(|&i| messages[i]["role"] == "user")
+        .unwrap()
+        + 1;
+    for end in [half, messages.len()] {
+        let body = j!({"model": "gpt-4o", "max_tokens": 512, "system": system, "messages": messages[..end]});
+        let (status, answer, counts) = post_messages(&server, &body, &[("X-History-Session", &id)]);
+        assert_eq!(status, 200, "{answer}");
+        assert!(counts.is_some());
+        let sent = upstream.requests().last().unwrap().json();
+        assert_eq!(
+            answer["content"][0]["text"],
+            format!(
+                "answer to {} messages",
+                sent["messages"].as_array().unwrap().len()
+            )
+        );
+        assert_eq!(
+            sent["messages"].as_array().unwrap().last(),
+            messages[..end].last()
+        );
+        assert_eq!(sent["system"], system);
+    }
+    assert_eq!(
+        upstream.invalid(),
+        Vec::<String>::new(),
+        "the upstream refused a request"
+    );
+    assert_eq!(
+        server.transcript(&id).len(),
+        chat.len(),
+        "each message once, as host messages"
+    );
+}
+
+#[test]
+fn errors_are_in_anthropics_shape() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let config = small_window();
+    let server = start(&config, &down);
+    let good = j!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body, _) = post_messages(&server, &good, &[]);
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "api_error");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("upstream"),
+        "{body}"
+    );
+
+    let bad = j!({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "name": "x", "input": {}}]}
+    ]});
+    let (status, body, _) = post_messages(&server, &bad, &[]);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body,
+        j!({"type": "error", "error": {"type": "invalid_request_error", "message": "messages[1]: content[0]: tool_use block without id"}})
+    );
+}
