@@ -468,3 +468,55 @@ fn errors_are_in_anthropics_shape() {
         j!({"type": "error", "error": {"type": "invalid_request_error", "message": "messages[1]: content[0]: tool_use block without id"}})
     );
 }
+
+/// Every shipped plugin (but `summarize`, which needs a model), after `default`, on several
+/// windows, on the agent conversation and the real one in Anthropic's shape: what the
+/// chain gives, written back, is a request Anthropic takes ([`validate`]).
+#[test]
+fn every_shipped_plugins_output_written_back_is_anthropic_valid() {
+    use e2e_tests::anthropic_upstream::validate;
+    use history_engine::{load_chain, stateless_context, turns, Call};
+    use history_wire::anthropic;
+
+    let (agent_system, agent) = agent_conversation();
+    let text = std::fs::read_to_string(real_data_dir().join("tau-bench-airline-gpt4o.json")).unwrap();
+    let (real_system, real) = to_anthropic(&serde_json::from_str::<Vec<Value>>(&text).unwrap());
+    let plugins = ["dedupe", "relevance", "retention", "tool_result_filter", "token_budget", "role_pair"];
+    let (mut checked, mut trimmed) = (0, 0);
+    for plugin in plugins {
+        for window in [4, 8, 16] {
+            let chain = format!("chain = [\"default\", \"{plugin}\"]");
+            let view = if plugin == "role_pair" { "view = []" } else { "view = [\"role_pair\"]" };
+            let window = format!("agent_max_ctx = {window}");
+            let config = shipped_config("", &[("chain =", &chain), ("view =", view), ("agent_max_ctx", &window)]);
+            let (engine_config, _, chain) = load_chain(&config.path).unwrap();
+            for (system, messages, thinking) in [(&agent_system, &agent, true), (&real_system, &real, false)] {
+                let system_text = system.to_string();
+                let texts: Vec<String> = messages.iter().map(Value::to_string).collect();
+                let raws: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let mut parsed = anthropic::parse(Some(&system_text), &raws).unwrap();
+                let turn = turns::current_turn(&parsed.messages, None);
+                turns::prepare(&mut parsed.messages, turn);
+                parsed.note_origins();
+                let ctx = stateless_context(&engine_config, engine_config.model("gpt-4o"), turn);
+                let run = chain.run(parsed.messages.clone(), &ctx, Call::Process).unwrap();
+                let written = anthropic::write(&parsed, &run.history);
+                trimmed += usize::from(run.history.len() < parsed.messages.len());
+                let mut body = j!({
+                    "model": "m", "max_tokens": 10,
+                    "messages": serde_json::from_str::<Value>(&written.messages).unwrap(),
+                });
+                if let Some(system) = &written.system {
+                    body["system"] = serde_json::from_str(system).unwrap();
+                }
+                if thinking {
+                    body["thinking"] = j!({"type": "enabled", "budget_tokens": 1024});
+                }
+                validate(&body).unwrap_or_else(|why| panic!("{plugin}, {window}: {why}\n{body}"));
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, plugins.len() * 3 * 2);
+    assert!(trimmed >= plugins.len() * 2, "the windows cut the conversations: {trimmed} of {checked}");
+}
