@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use plugin_api::{Content, Member, Message, Part, RArc, Role, ToolCall};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 mod write;
@@ -46,6 +47,9 @@ pub struct Parsed<'a> {
     order: Vec<Vec<bool>>,
     /// `cache_control` markers in the request (system and messages).
     pub cache_breakpoints: usize,
+    /// Each block whose bytes are not its compact JSON: compact JSON → the bytes it came
+    /// in, so a changed message's unchanged blocks are written as they came.
+    blocks: HashMap<String, &'a str>,
     /// Host identity (set by the host after parsing) → host message index.
     origins: HashMap<u64, usize>,
 }
@@ -109,6 +113,7 @@ pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed
         inputs: Vec::with_capacity(messages.len()),
         order: Vec::new(),
         cache_breakpoints: 0,
+        blocks: HashMap::new(),
         origins: HashMap::new(),
     };
     if let Some(raw) = system {
@@ -128,6 +133,7 @@ pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed
         let value: Value =
             serde_json::from_str(raw).map_err(|e| ShapeError(format!("messages[{index}]: {e}")))?;
         let start = parsed.messages.len();
+        remember_blocks(raw, &value, &mut parsed.blocks);
         let marks = parse_message(&value, &mut parsed)
             .map_err(|e| ShapeError(format!("messages[{index}]: {}", e.0)))?;
         parsed.cache_breakpoints += marks;
@@ -139,6 +145,29 @@ pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed
         });
     }
     Ok(parsed)
+}
+
+/// Remembers the bytes of each block of a message's content array that did not come as
+/// its compact JSON.
+fn remember_blocks<'a>(raw: &'a str, value: &Value, blocks: &mut HashMap<String, &'a str>) {
+    let Some(Value::Array(content)) = value.get("content") else {
+        return;
+    };
+    let Ok(object) = serde_json::from_str::<std::collections::BTreeMap<String, &'a RawValue>>(raw) else {
+        return;
+    };
+    let Some(Ok(raw_blocks)) = object
+        .get("content")
+        .map(|c| serde_json::from_str::<Vec<&'a RawValue>>(c.get()))
+    else {
+        return;
+    };
+    for (block, raw_block) in content.iter().zip(raw_blocks) {
+        let compact = block.to_string();
+        if compact != raw_block.get() {
+            blocks.insert(compact, raw_block.get());
+        }
+    }
 }
 
 fn parse_system(value: &Value) -> Result<(Content, usize), ShapeError> {

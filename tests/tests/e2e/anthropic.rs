@@ -481,16 +481,31 @@ fn every_shipped_plugins_output_written_back_is_anthropic_valid() {
     let (agent_system, agent) = agent_conversation();
     let text = std::fs::read_to_string(real_data_dir().join("tau-bench-airline-gpt4o.json")).unwrap();
     let (real_system, real) = to_anthropic(&serde_json::from_str::<Vec<Value>>(&text).unwrap());
-    let plugins = ["dedupe", "relevance", "retention", "tool_result_filter", "token_budget", "role_pair"];
+    let plugins = [
+        "dedupe",
+        "relevance",
+        "retention",
+        "tool_result_filter",
+        "token_budget",
+        "role_pair",
+    ];
     let (mut checked, mut trimmed) = (0, 0);
     for plugin in plugins {
         for window in [4, 8, 16] {
             let chain = format!("chain = [\"default\", \"{plugin}\"]");
-            let view = if plugin == "role_pair" { "view = []" } else { "view = [\"role_pair\"]" };
+            let view = if plugin == "role_pair" {
+                "view = []"
+            } else {
+                "view = [\"role_pair\"]"
+            };
             let window = format!("agent_max_ctx = {window}");
-            let config = shipped_config("", &[("chain =", &chain), ("view =", view), ("agent_max_ctx", &window)]);
+            let config = shipped_config(
+                "",
+                &[("chain =", &chain), ("view =", view), ("agent_max_ctx", &window)],
+            );
             let (engine_config, _, chain) = load_chain(&config.path).unwrap();
-            for (system, messages, thinking) in [(&agent_system, &agent, true), (&real_system, &real, false)] {
+            for (system, messages, thinking) in [(&agent_system, &agent, true), (&real_system, &real, false)]
+            {
                 let system_text = system.to_string();
                 let texts: Vec<String> = messages.iter().map(Value::to_string).collect();
                 let raws: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -518,5 +533,8 @@ fn every_shipped_plugins_output_written_back_is_anthropic_valid() {
         }
     }
     assert_eq!(checked, plugins.len() * 3 * 2);
-    assert!(trimmed >= plugins.len() * 2, "the windows cut the conversations: {trimmed} of {checked}");
+    assert!(
+        trimmed >= plugins.len() * 2,
+        "the windows cut the conversations: {trimmed} of {checked}"
+    );
 }

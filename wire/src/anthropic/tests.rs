@@ -143,3 +143,29 @@ fn bad_input_is_named_with_its_place() {
     assert!(err(Some("5"), &[]).starts_with("system: expected a string"));
     assert!(err(None, &[r#"{"role":"user","content":7}"#]).contains("content must be"));
 }
+
+#[test]
+fn a_changed_message_keeps_its_unchanged_blocks_as_their_bytes() {
+    let messages = vec![
+        r#"{"role":"user","content":"go"}"#,
+        r#"{"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "text", "text": "old"}, {"type": "tool_use", "id": "a", "name": "f", "input": {"x": 1}}]}"#,
+        r#"{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "r"}]}"#,
+    ];
+    let parsed = parse(None, &messages).unwrap();
+    let mut output = parsed.messages.clone();
+    let mut changed: Message = (*output[1]).clone();
+    if let Content::Parts(parts) = &mut changed.content {
+        parts[1] = plugin_api::Part::text("new");
+    }
+    output[1] = RArc::new(changed);
+    let written = write(&parse(None, &messages).unwrap(), &output);
+    assert_eq!(
+        written.messages,
+        format!(
+            "[{},{},{}]",
+            messages[0],
+            r#"{"role":"assistant","content":[{"type": "thinking", "thinking": "t", "signature": "s"},{"type":"text","text":"new"},{"type": "tool_use", "id": "a", "name": "f", "input": {"x": 1}}]}"#,
+            messages[2]
+        )
+    );
+}

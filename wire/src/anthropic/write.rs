@@ -159,7 +159,7 @@ fn write_system(parsed: &Parsed<'_>, lead: &[RArc<Message>], marks: &mut usize) 
             let mut out = String::from("[");
             let mut first = true;
             for message in lead {
-                write_blocks_of_content(&mut out, &mut first, &message.content, marks);
+                write_blocks_of_content(&mut out, parsed, &mut first, &message.content, marks);
             }
             out.push(']');
             Some(out)
@@ -188,7 +188,8 @@ fn write_extra(out: &mut String, extra: &[Member], marks: &mut usize) {
     }
 }
 
-fn write_part(out: &mut String, part: &Part, marks: &mut usize) {
+fn write_part(out: &mut String, parsed: &Parsed<'_>, part: &Part, marks: &mut usize) {
+    let start = out.len();
     match part {
         Part::Text { text, extra } => {
             out.push_str("{\"type\":\"text\",\"text\":");
@@ -204,10 +205,29 @@ fn write_part(out: &mut String, part: &Part, marks: &mut usize) {
             }
         }
     }
+    as_it_came(out, parsed, start);
+}
+
+/// The block just written at `out[start..]` as the bytes it came in, when it came so
+/// (an unchanged block of a changed message, docs/proxy.md#anthropic-messages).
+fn as_it_came(out: &mut String, parsed: &Parsed<'_>, start: usize) {
+    if parsed.blocks.is_empty() {
+        return;
+    }
+    if let Some(raw) = parsed.blocks.get(&out[start..]) {
+        out.truncate(start);
+        out.push_str(raw);
+    }
 }
 
 /// A content as blocks (a string as one text block), each after a separator.
-fn write_blocks_of_content(out: &mut String, first: &mut bool, content: &Content, marks: &mut usize) {
+fn write_blocks_of_content(
+    out: &mut String,
+    parsed: &Parsed<'_>,
+    first: &mut bool,
+    content: &Content,
+    marks: &mut usize,
+) {
     match content {
         Content::Null => {}
         Content::Text(text) => {
@@ -219,25 +239,26 @@ fn write_blocks_of_content(out: &mut String, first: &mut bool, content: &Content
         Content::Parts(parts) => {
             for part in parts.iter() {
                 sep(out, first);
-                write_part(out, part, marks);
+                write_part(out, parsed, part, marks);
             }
         }
     }
 }
 
-fn write_content_value(out: &mut String, content: &Content, marks: &mut usize) {
+fn write_content_value(out: &mut String, parsed: &Parsed<'_>, content: &Content, marks: &mut usize) {
     match content {
         Content::Text(text) => out.push_str(&json_string(text)),
         _ => {
             out.push('[');
             let mut first = true;
-            write_blocks_of_content(out, &mut first, content, marks);
+            write_blocks_of_content(out, parsed, &mut first, content, marks);
             out.push(']');
         }
     }
 }
 
-fn write_tool_use(out: &mut String, call: &ToolCall, marks: &mut usize) {
+fn write_tool_use(out: &mut String, parsed: &Parsed<'_>, call: &ToolCall, marks: &mut usize) {
+    let start = out.len();
     out.push_str("{\"type\":\"tool_use\",\"id\":");
     out.push_str(&json_string(&call.id));
     out.push_str(",\"name\":");
@@ -253,17 +274,20 @@ fn write_tool_use(out: &mut String, call: &ToolCall, marks: &mut usize) {
     }
     write_extra(out, &call.extra, marks);
     out.push('}');
+    as_it_came(out, parsed, start);
 }
 
-fn write_tool_result(out: &mut String, message: &Message, marks: &mut usize) {
+fn write_tool_result(out: &mut String, parsed: &Parsed<'_>, message: &Message, marks: &mut usize) {
+    let start = out.len();
     out.push_str("{\"type\":\"tool_result\",\"tool_use_id\":");
     out.push_str(&json_string(message.call_id().unwrap_or_default()));
     if message.content != Content::Null {
         out.push_str(",\"content\":");
-        write_content_value(out, &message.content, marks);
+        write_content_value(out, parsed, &message.content, marks);
     }
     write_extra(out, &message.extra, marks);
     out.push('}');
+    as_it_came(out, parsed, start);
 }
 
 /// An assistant message's blocks in their order: as they came when the message is a
@@ -291,10 +315,10 @@ fn write_assistant_blocks(
     for is_call in order.unwrap_or(&default) {
         sep(out, first);
         if *is_call {
-            write_tool_use(out, &message.tool_calls[c], marks);
+            write_tool_use(out, parsed, &message.tool_calls[c], marks);
             c += 1;
         } else {
-            write_part(out, &parts[p], marks);
+            write_part(out, parsed, &parts[p], marks);
             p += 1;
         }
     }
@@ -326,10 +350,10 @@ fn write_shaped(
             // Tool results first in their user message, as Anthropic requires.
             for message in messages.iter().filter(|m| m.role == Role::Tool) {
                 sep(out, &mut first);
-                write_tool_result(out, message, marks);
+                write_tool_result(out, parsed, message, marks);
             }
             for message in messages.iter().filter(|m| m.role != Role::Tool) {
-                write_blocks_of_content(out, &mut first, &message.content, marks);
+                write_blocks_of_content(out, parsed, &mut first, &message.content, marks);
             }
         }
         out.push(']');
