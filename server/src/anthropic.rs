@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 
 use crate::app::App;
 use crate::proxy::{self, Messages, OpenAiError, RequestBody, SESSION_HEADER};
-use crate::upstream::Upstream;
 
 /// An error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
 pub struct AnthropicError {
@@ -81,8 +80,8 @@ type Result<T> = std::result::Result<T, AnthropicError>;
 /// The upstream path of `/v1/messages{tail}`: the base is Anthropic's own (no `/v1`, as
 /// the SDK's `ANTHROPIC_BASE_URL`), or an OpenAI-style base ending in `/v1`
 /// (docs/proxy.md#anthropic-messages).
-fn upstream_path(upstream: &Upstream, tail: &str) -> String {
-    if upstream.base.ends_with("/v1") {
+fn upstream_path(base: &str, tail: &str) -> String {
+    if base.ends_with("/v1") {
         format!("/messages{tail}")
     } else {
         format!("/v1/messages{tail}")
@@ -104,7 +103,7 @@ pub async fn count_tokens(
 ) -> Result<Response> {
     let upstream = proxy::upstream(&app)?;
     let bytes = read_body(body)?;
-    let path = upstream_path(upstream, "/count_tokens");
+    let path = upstream_path(&upstream.base, "/count_tokens");
     Ok(proxy::forward(upstream, Method::POST, &path, &headers, bytes).await?)
 }
 
@@ -194,7 +193,7 @@ pub async fn messages(
     };
     let members = with_system(&body.members, system_raw.as_deref());
     let forwarded = proxy::forwarded_body(&members, &written.messages);
-    let path = upstream_path(upstream, "");
+    let path = upstream_path(&upstream.base, "");
     let mut response = proxy::forward(upstream, Method::POST, &path, &headers, forwarded).await?;
     let added = response.headers_mut();
     let mut add = |name: &'static str, value: String| {
@@ -242,4 +241,37 @@ fn with_system<'a>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_anthropic_base_gets_v1_messages_and_an_openai_style_base_messages() {
+        // `[upstream] url` is stored without its trailing slash (crate::upstream).
+        assert_eq!(upstream_path("https://api.anthropic.com", ""), "/v1/messages");
+        assert_eq!(upstream_path("http://127.0.0.1:8000/v1", ""), "/messages");
+        assert_eq!(
+            upstream_path("https://gw.example/anthropic", "/count_tokens"),
+            "/v1/messages/count_tokens"
+        );
+    }
+
+    #[test]
+    fn error_types_follow_anthropics_statuses() {
+        let kind = |status: u16| {
+            AnthropicError {
+                status: StatusCode::from_u16(status).unwrap(),
+                message: String::new(),
+            }
+            .kind()
+        };
+        assert_eq!(kind(400), "invalid_request_error");
+        assert_eq!(kind(404), "not_found_error");
+        assert_eq!(kind(413), "request_too_large");
+        assert_eq!(kind(429), "rate_limit_error");
+        assert_eq!(kind(502), "api_error");
+        assert_eq!(kind(504), "timeout_error");
+    }
 }

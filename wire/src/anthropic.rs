@@ -120,6 +120,9 @@ pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed
         let value: Value = serde_json::from_str(raw).map_err(|e| ShapeError(format!("system: {e}")))?;
         if !value.is_null() {
             let (content, marks) = parse_system(&value)?;
+            if let Value::Array(system_blocks) = &value {
+                remember_array(raw, system_blocks, &mut parsed.blocks);
+            }
             parsed.cache_breakpoints += marks;
             parsed.system_marks = marks;
             parsed
@@ -156,10 +159,14 @@ fn remember_blocks<'a>(raw: &'a str, value: &Value, blocks: &mut HashMap<String,
     let Ok(object) = serde_json::from_str::<std::collections::BTreeMap<String, &'a RawValue>>(raw) else {
         return;
     };
-    let Some(Ok(raw_blocks)) = object
-        .get("content")
-        .map(|c| serde_json::from_str::<Vec<&'a RawValue>>(c.get()))
-    else {
+    if let Some(raw_content) = object.get("content") {
+        remember_array(raw_content.get(), content, blocks);
+    }
+}
+
+/// The same for an array of blocks given as its raw text and its value.
+fn remember_array<'a>(raw: &'a str, content: &[Value], blocks: &mut HashMap<String, &'a str>) {
+    let Ok(raw_blocks) = serde_json::from_str::<Vec<&'a RawValue>>(raw) else {
         return;
     };
     for (block, raw_block) in content.iter().zip(raw_blocks) {

@@ -362,6 +362,10 @@ fn to_chat(system: &Value, messages: &[Value]) -> Vec<Value> {
 }
 
 fn post_messages(server: &Server, body: &Value, headers: &[(&str, &str)]) -> (u16, Value, Option<String>) {
+    post_text(server, &body.to_string(), headers)
+}
+
+fn post_text(server: &Server, body: &str, headers: &[(&str, &str)]) -> (u16, Value, Option<String>) {
     let mut request = e2e_tests::server::agent()
         .post(&server.url("/v1/messages"))
         .set("Content-Type", "application/json")
@@ -370,7 +374,7 @@ fn post_messages(server: &Server, body: &Value, headers: &[(&str, &str)]) -> (u1
     for (name, value) in headers {
         request = request.set(name, value);
     }
-    let response = match request.send_string(&body.to_string()) {
+    let response = match request.send_string(body) {
         Ok(response) => response,
         Err(ureq::Error::Status(_, response)) => response,
         Err(e) => panic!("transport error: {e}"),
@@ -536,5 +540,42 @@ fn every_shipped_plugins_output_written_back_is_anthropic_valid() {
     assert!(
         trimmed >= plugins.len() * 2,
         "the windows cut the conversations: {trimmed} of {checked}"
+    );
+}
+
+/// The SDK sends compact JSON; a client that indents its JSON gets its unchanged messages
+/// upstream with their indentation, byte for byte, and the changed ones in compact form.
+#[test]
+fn an_indented_request_keeps_the_bytes_of_its_unchanged_messages() {
+    let upstream = AnthropicUpstream::start();
+    let config = small_window();
+    let server = start(&config, &upstream.base_url());
+    let (system, messages) = agent_conversation();
+    let mut body = extra(&system);
+    body["model"] = j!("claude-sonnet-4-5");
+    body["messages"] = Value::Array(messages.clone());
+    let sent = serde_json::to_string_pretty(&body).unwrap();
+    let (status, answer, _) = post_text(
+        &server,
+        &sent,
+        &[("anthropic-beta", "interleaved-thinking-2025-05-14")],
+    );
+    assert_eq!(status, 200, "{answer}");
+    let forwarded = the_one_valid_request(&upstream, "/v1/messages");
+    assert_eq!(
+        upstream.requests()[0].header("anthropic-beta"),
+        Some("interleaved-thinking-2025-05-14")
+    );
+    let same = unchanged_are_byte_identical(&sent, &forwarded);
+    assert!(same >= 4, "only {same} unchanged");
+    let (members, _) = raw_members(&forwarded);
+    assert!(
+        members["system"].get().contains('\n'),
+        "system unchanged, as it came: {}",
+        members["system"]
+    );
+    assert!(
+        members["tools"].get().contains('\n'),
+        "every other member as it came"
     );
 }
