@@ -10,7 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use history_engine::turns;
+use history_engine::{turns, ChainRun};
 use history_sessions::SessionError;
 use history_wire::anthropic;
 use serde_json::value::RawValue;
@@ -156,33 +156,7 @@ pub async fn messages(
     let system = body.member("system").map(RawValue::get);
     let mut parsed = anthropic::parse(system, &texts).map_err(|e| AnthropicError::invalid(e.0))?;
 
-    let (run, unknown_model) = match &session {
-        Some(id) => {
-            // The session service takes the chat format (docs/wire-format.md#messages).
-            let messages = parsed
-                .messages
-                .iter()
-                .map(|m| serde_json::from_str::<Value>(&plugin_api::wire::message_to_string(m)))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| AnthropicError::invalid(format!("messages: {e}")))?;
-            (
-                app.service.turn_resent(id, messages, Some(model)).await?.run,
-                None,
-            )
-        }
-        None => {
-            let turn = turns::current_turn(&parsed.messages, None);
-            turns::prepare(&mut parsed.messages, turn);
-            parsed.note_origins();
-            let history = parsed.messages.clone();
-            // An unlisted model runs as `default` (docs/proxy.md#models).
-            let stateless = app
-                .service
-                .run_stateless("proxy", history, turn, Some(model))
-                .await?;
-            (stateless.run, stateless.unknown_model)
-        }
-    };
+    let (run, unknown_model) = run_chain(&app, session.as_deref(), &mut parsed, model).await?;
     let written = anthropic::write(&parsed, &run.history);
     let system_raw = match &written.system {
         Some(system) => Some(
@@ -220,6 +194,43 @@ pub async fn messages(
         add("x-history-model", format!("default (unknown {shown})"));
     }
     Ok(response)
+}
+
+/// The chain on the request's host messages: a turn of the session `session`, or a
+/// stateless run; the run, and the model named when it is not listed.
+async fn run_chain(
+    app: &App,
+    session: Option<&str>,
+    parsed: &mut anthropic::Parsed<'_>,
+    model: String,
+) -> Result<(ChainRun, Option<String>)> {
+    Ok(match session {
+        Some(id) => {
+            // The session service takes the chat format (docs/wire-format.md#messages).
+            let messages = parsed
+                .messages
+                .iter()
+                .map(|m| serde_json::from_str::<Value>(&plugin_api::wire::message_to_string(m)))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| AnthropicError::invalid(format!("messages: {e}")))?;
+            (
+                app.service.turn_resent(id, messages, Some(model)).await?.run,
+                None,
+            )
+        }
+        None => {
+            let turn = turns::current_turn(&parsed.messages, None);
+            turns::prepare(&mut parsed.messages, turn);
+            parsed.note_origins();
+            let history = parsed.messages.clone();
+            // An unlisted model runs as `default` (docs/proxy.md#models).
+            let stateless = app
+                .service
+                .run_stateless("proxy", history, turn, Some(model))
+                .await?;
+            (stateless.run, stateless.unknown_model)
+        }
+    })
 }
 
 /// The request's members with `system` as written: replaced in its place, dropped when
