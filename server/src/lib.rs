@@ -6,6 +6,7 @@
 //! before they are read whole.
 
 mod answers;
+mod anthropic;
 mod app;
 mod auth;
 mod conn;

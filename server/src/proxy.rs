@@ -58,6 +58,18 @@ impl OpenAiError {
     }
 }
 
+impl OpenAiError {
+    /// The status, for another wire's error shape (crate::anthropic).
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The message, for another wire's error shape (crate::anthropic).
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+}
+
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
         (
@@ -272,20 +284,20 @@ macro_rules! other_values {
 /// (borrowed from the body), or any other JSON value. Read once, without building a
 /// `Value` of the whole body: every member but `messages` is forwarded as these bytes, and
 /// `messages` is split into its elements' texts in the same pass.
-enum RequestBody<'a> {
+pub(crate) enum RequestBody<'a> {
     Object(Members<'a>),
     Other,
 }
 
-struct Members<'a> {
+pub(crate) struct Members<'a> {
     /// Every member in its place; `None` stands for `messages`, whose value is in
     /// [`Members::messages`].
-    members: Vec<(String, Option<&'a RawValue>)>,
-    messages: Option<Messages<'a>>,
+    pub(crate) members: Vec<(String, Option<&'a RawValue>)>,
+    pub(crate) messages: Option<Messages<'a>>,
 }
 
 impl<'a> Members<'a> {
-    fn member(&self, name: &str) -> Option<&'a RawValue> {
+    pub(crate) fn member(&self, name: &str) -> Option<&'a RawValue> {
         self.members
             .iter()
             .find(|(key, _)| key == name)
@@ -294,7 +306,7 @@ impl<'a> Members<'a> {
 }
 
 /// The value of `messages`: each element's JSON text, or a value of another kind.
-enum Messages<'a> {
+pub(crate) enum Messages<'a> {
     Array(Vec<&'a RawValue>),
     Other,
 }

@@ -45,6 +45,8 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         .route("/v1/chat/completions", post(crate::proxy::chat_completions))
         .route("/v1/models", get(crate::proxy::models))
         .route("/v1/responses", post(crate::responses::responses))
+        .route("/v1/messages", post(crate::anthropic::messages))
+        .route("/v1/messages/count_tokens", post(crate::anthropic::count_tokens))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         // Readiness, under the name it had before the split (docs/http-api.md#probes).

@@ -5,6 +5,8 @@
 //! The plugins must have been built and installed first: `cargo xtask test` does it
 //! (`cargo xtask build` + `cargo test --workspace`).
 
+pub mod anthropic_shape;
+pub mod anthropic_upstream;
 pub mod fixtures;
 pub mod histories;
 pub mod link;

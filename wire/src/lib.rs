@@ -7,7 +7,9 @@
 //!
 //! - [`chat`]: the OpenAI chat format, which is also the host's own format (documents,
 //!   the session API, the transcript);
+//! - [`anthropic`]: Anthropic's Messages API request (`system`, `messages` of blocks);
 //! - [`responses`]: OpenAI's Responses API request (`instructions`, `input` items).
 
+pub mod anthropic;
 pub mod chat;
 pub mod responses;

@@ -8,6 +8,7 @@ mod common;
 
 mod agentctl;
 mod agentctl_plugins;
+mod anthropic;
 mod bad_input;
 mod config_errors;
 mod connections;
