@@ -156,6 +156,7 @@ pub mod echo;
 pub mod event;
 pub mod message;
 pub mod naming;
+pub mod parts;
 pub mod plugin;
 pub mod structure;
 pub mod testing;
