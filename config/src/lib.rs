@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use plugin_api::echo;
 use plugin_api::naming::is_plugin_name;
+use plugin_api::parts::{ImageTokens, MediaRules};
 use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
@@ -96,6 +97,26 @@ pub struct ModelTable {
     pub max_context: Option<u64>,
     pub context_tokens: Option<u64>,
     pub tokenizer: Option<Tokenizer>,
+    /// `image_tokens` (docs/configuration.md#models).
+    pub image_tokens: Option<ImageTokens>,
+    pub image_tokens_unknown: Option<u64>,
+    pub document_tokens_per_page: Option<u64>,
+}
+
+/// [`Config::media_rules`] on a copy of `[models.*]` (what a chain keeps).
+pub fn media_rules(models: &[(String, ModelTable)], name: &str) -> MediaRules {
+    let table = |n: &str| models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
+    let (listed, fallback) = (table(name), table("default"));
+    let family = MediaRules::for_model(name);
+    let pick = |f: fn(&ModelTable) -> Option<u64>| listed.and_then(f).or_else(|| fallback.and_then(f));
+    MediaRules {
+        image_tokens: listed
+            .and_then(|t| t.image_tokens)
+            .or_else(|| fallback.and_then(|t| t.image_tokens))
+            .unwrap_or(family.image_tokens),
+        image_tokens_unknown: pick(|t| t.image_tokens_unknown).unwrap_or(family.image_tokens_unknown),
+        document_tokens_per_page: pick(|t| t.document_tokens_per_page).unwrap_or(family.document_tokens_per_page),
+    }
 }
 
 /// A `[plugin.NAME]` table, handed to the plugin as JSON.
@@ -618,7 +639,31 @@ impl Config {
                 let Some(model) = reader.table(table, name, "[models]")? else {
                     continue;
                 };
-                reader.refuse_unknown(model, &place, &["max_context", "context_tokens", "tokenizer"])?;
+                reader.refuse_unknown(
+                    model,
+                    &place,
+                    &[
+                        "max_context",
+                        "context_tokens",
+                        "tokenizer",
+                        "image_tokens",
+                        "image_tokens_unknown",
+                        "document_tokens_per_page",
+                    ],
+                )?;
+                let image_tokens = match reader.string(model, "image_tokens", &place)? {
+                    None => None,
+                    Some(t) => Some(ImageTokens::parse(t).ok_or_else(|| {
+                        reader.key_error(
+                            model,
+                            "image_tokens",
+                            format!(
+                                "`image_tokens` in {place} must be \"openai-tiles\" or \"anthropic-area\", found {}",
+                                echo::quoted(t)
+                            ),
+                        )
+                    })?),
+                };
                 let tokenizer = match reader.string(model, "tokenizer", &place)? {
                     None => None,
                     Some(t) => Some(Tokenizer::parse(t).ok_or_else(|| {
@@ -638,6 +683,9 @@ impl Config {
                         max_context: reader.integer(model, "max_context", &place, 1)?,
                         context_tokens: reader.integer(model, "context_tokens", &place, 1)?,
                         tokenizer,
+                        image_tokens,
+                        image_tokens_unknown: reader.integer(model, "image_tokens_unknown", &place, 0)?,
+                        document_tokens_per_page: reader.integer(model, "document_tokens_per_page", &place, 0)?,
                     },
                 ));
             }
@@ -733,6 +781,13 @@ impl Config {
                 .unwrap_or(DEFAULT_TOKENIZER),
             effective_ctx: self.agent_max_ctx.min(max_context),
         }
+    }
+
+    /// The rules a call on model `name` counts images and documents by
+    /// (docs/configuration.md#models): each key from the listed table, else from
+    /// `[models.default]`, else the defaults of the name's provider family.
+    pub fn media_rules(&self, name: &str) -> MediaRules {
+        media_rules(&self.models, name)
     }
 
     /// Whether the file lists model `name` (`default` always counts: it is what a call
@@ -1243,6 +1298,27 @@ mod tests {
         assert!(err.message.contains("[summarizer] needs `model`"), "{err}");
         let err = parse("[summarizer]\nmodel = \"m\"\n").unwrap_err();
         assert!(err.message.contains("[summarizer] needs `url`"), "{err}");
+    }
+
+    #[test]
+    fn media_rules_fall_back_key_by_key_to_the_family() {
+        let config = parse(
+            "[models.default]\ndocument_tokens_per_page = 1000\n[models.gpt-4o]\nimage_tokens_unknown = 500\n\
+             [models.claude-sonnet-4]\ncontext_tokens = 200000\n[models.local]\nimage_tokens = \"anthropic-area\"\n",
+        )
+        .unwrap();
+        let gpt = config.media_rules("gpt-4o");
+        assert_eq!(gpt.image_tokens, ImageTokens::OpenaiTiles);
+        assert_eq!((gpt.image_tokens_unknown, gpt.document_tokens_per_page), (500, 1000));
+        let claude = config.media_rules("claude-sonnet-4");
+        assert_eq!(claude.image_tokens, ImageTokens::AnthropicArea);
+        assert_eq!(claude.image_tokens_unknown, MediaRules::ANTHROPIC.image_tokens_unknown);
+        assert_eq!(config.media_rules("local").image_tokens, ImageTokens::AnthropicArea);
+        let err = parse("[models.x]\nmax_context = 5\nimage_tokens = \"tiles\"\n").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(err.message.contains("`image_tokens` in [models.x] must be"), "{err}");
+        let err = parse("[models.x]\ndocument_tokens_per_page = -1\n").unwrap_err();
+        assert!(err.message.contains("`document_tokens_per_page` in [models.x]"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plugin_api::echo;
+use plugin_api::parts::MediaRules;
 use plugin_api::structure::Faults;
 use plugin_api::{Context, Event, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice};
 
@@ -94,6 +95,9 @@ pub struct Chain {
     calls: Pool<CallResult>,
     /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
     pub required: Vec<String>,
+    /// `[models.*]`, for the rules a run's model counts images and documents by
+    /// ([`Chain::media_rules`]).
+    models: Vec<(String, crate::config::ModelTable)>,
 }
 
 /// Which entry point a run calls.
@@ -258,6 +262,7 @@ impl Chain {
             required,
             deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
             calls: Pool::new(),
+            models: config.models.clone(),
         }
     }
 
@@ -360,6 +365,13 @@ impl Chain {
         Ok(run)
     }
 
+    /// The rules a run on model `name` counts images and documents by
+    /// (docs/configuration.md#models): the host's counts and the plugins' counts through
+    /// the host services during the run ([`tokens::with_media_rules`]).
+    pub fn media_rules(&self, name: &str) -> MediaRules {
+        crate::config::media_rules(&self.models, name)
+    }
+
     /// Runs every plugin in order, checking each output (docs/chain.md#the-output-check) and handling faults by
     /// `on_plugin_error` and `required`. Message turns and identities are derived once, here,
     /// before the first plugin (docs/wire-format.md#turns).
@@ -376,6 +388,19 @@ impl Chain {
     /// `previous` (the previous turn's sent history) is kept byte for byte: `prefix_kept`,
     /// what each plugin costs the provider's prompt cache.
     pub fn run_compared(
+        &self,
+        history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+        previous: Option<&[RArc<Message>]>,
+    ) -> Result<ChainRun, PluginFailure> {
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
+            self.run_counted(history, ctx, call, previous)
+        })
+    }
+
+    /// [`Chain::run_compared`] on a thread counting by the model's rules.
+    fn run_counted(
         &self,
         mut history: Vec<RArc<Message>>,
         ctx: &Context,
@@ -428,6 +453,19 @@ impl Chain {
     /// makes it the current history; a fault is skipped or fails the run by
     /// `on_plugin_error`.
     fn run_stage(
+        &self,
+        stage: &Stage,
+        state: &mut RunState,
+        ctx: &Context,
+        shared_ctx: Option<&Arc<Context>>,
+        call: Call<'_>,
+    ) -> Result<StageReport, PluginFailure> {
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
+            self.run_stage_counted(stage, state, ctx, shared_ctx, call)
+        })
+    }
+
+    fn run_stage_counted(
         &self,
         stage: &Stage,
         state: &mut RunState,
@@ -560,9 +598,13 @@ impl Chain {
             // The caller's span (a sample run's) goes with the call to the helper thread,
             // so the plugin's log lines carry it.
             let span = tracing::Span::current();
+            // The helper thread counts by the run's model too (docs/configuration.md#models).
+            let rules = tokens::current_rules().0;
             Box::new(move || {
                 span.in_scope(|| {
-                    logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+                    tokens::with_media_rules(rules, || {
+                        logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
+                    })
                 })
             })
         };
