@@ -115,7 +115,8 @@ pub fn media_rules(models: &[(String, ModelTable)], name: &str) -> MediaRules {
             .or_else(|| fallback.and_then(|t| t.image_tokens))
             .unwrap_or(family.image_tokens),
         image_tokens_unknown: pick(|t| t.image_tokens_unknown).unwrap_or(family.image_tokens_unknown),
-        document_tokens_per_page: pick(|t| t.document_tokens_per_page).unwrap_or(family.document_tokens_per_page),
+        document_tokens_per_page: pick(|t| t.document_tokens_per_page)
+            .unwrap_or(family.document_tokens_per_page),
     }
 }
 
@@ -685,7 +686,12 @@ impl Config {
                         tokenizer,
                         image_tokens,
                         image_tokens_unknown: reader.integer(model, "image_tokens_unknown", &place, 0)?,
-                        document_tokens_per_page: reader.integer(model, "document_tokens_per_page", &place, 0)?,
+                        document_tokens_per_page: reader.integer(
+                            model,
+                            "document_tokens_per_page",
+                            &place,
+                            0,
+                        )?,
                     },
                 ));
             }
@@ -1309,16 +1315,31 @@ mod tests {
         .unwrap();
         let gpt = config.media_rules("gpt-4o");
         assert_eq!(gpt.image_tokens, ImageTokens::OpenaiTiles);
-        assert_eq!((gpt.image_tokens_unknown, gpt.document_tokens_per_page), (500, 1000));
+        assert_eq!(
+            (gpt.image_tokens_unknown, gpt.document_tokens_per_page),
+            (500, 1000)
+        );
         let claude = config.media_rules("claude-sonnet-4");
         assert_eq!(claude.image_tokens, ImageTokens::AnthropicArea);
-        assert_eq!(claude.image_tokens_unknown, MediaRules::ANTHROPIC.image_tokens_unknown);
-        assert_eq!(config.media_rules("local").image_tokens, ImageTokens::AnthropicArea);
+        assert_eq!(
+            claude.image_tokens_unknown,
+            MediaRules::ANTHROPIC.image_tokens_unknown
+        );
+        assert_eq!(
+            config.media_rules("local").image_tokens,
+            ImageTokens::AnthropicArea
+        );
         let err = parse("[models.x]\nmax_context = 5\nimage_tokens = \"tiles\"\n").unwrap_err();
         assert_eq!(err.line, Some(3), "{err}");
-        assert!(err.message.contains("`image_tokens` in [models.x] must be"), "{err}");
+        assert!(
+            err.message.contains("`image_tokens` in [models.x] must be"),
+            "{err}"
+        );
         let err = parse("[models.x]\ndocument_tokens_per_page = -1\n").unwrap_err();
-        assert!(err.message.contains("`document_tokens_per_page` in [models.x]"), "{err}");
+        assert!(
+            err.message.contains("`document_tokens_per_page` in [models.x]"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -168,19 +168,30 @@ pub(crate) fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
             warn_unknown_kind(part);
         }
         let cost = part.cost(&rules);
-        count += cost.tokens + cost.texts.iter().map(|text| count_item(tokenizer, text)).sum::<u64>();
+        count += cost.tokens
+            + cost
+                .texts
+                .iter()
+                .map(|text| count_item(tokenizer, text))
+                .sum::<u64>();
     }
     if let Content::Text(text) = &message.content {
         count += count_item(tokenizer, text);
     }
-    count += message.reasoning_texts().map(|text| count_item(tokenizer, &text)).sum::<u64>();
+    count += message
+        .reasoning_texts()
+        .map(|text| count_item(tokenizer, &text))
+        .sum::<u64>();
     count += message
         .tool_calls
         .iter()
         .map(|call| count_item(tokenizer, &call.name) + count_item(tokenizer, &call.arguments))
         .sum::<u64>();
     let count = count.min(COUNT_MASK);
-    memo.set(tokenizer.slot(), ((if media { tag } else { TEXT_TAG }) << TAG_SHIFT) | count);
+    memo.set(
+        tokenizer.slot(),
+        ((if media { tag } else { TEXT_TAG }) << TAG_SHIFT) | count,
+    );
     count
 }
 
@@ -248,6 +259,12 @@ fn warn_unknown_kind(part: &Part) {
     }
 }
 
+/// Σ tokens over `items`, each through the content cache: how a message was counted before
+/// part kinds (every part as its text or JSON text), kept for `cargo xtask bench`'s ratio.
+pub fn items_tokens<'a>(tokenizer: Tokenizer, items: impl Iterator<Item = &'a str>) -> u64 {
+    items.map(|item| count_item(tokenizer, item)).sum()
+}
+
 /// A message's tokens: `per_message + Σ tokens(item)`.
 pub fn message_tokens(tokenizer: Tokenizer, message: &Message, per_message: u64) -> u64 {
     per_message + content_tokens(tokenizer, message)
@@ -311,7 +328,10 @@ mod tests {
         // Other tests may tokenize concurrently, but never this message's bytes again
         // through this call: the memo answered.
         assert_eq!(
-            history[0].token_memo().get(Tokenizer::O200kBase.slot()).map(|m| m & COUNT_MASK),
+            history[0]
+                .token_memo()
+                .get(Tokenizer::O200kBase.slot())
+                .map(|m| m & COUNT_MASK),
             Some(first)
         );
         let _ = before;
@@ -326,17 +346,23 @@ mod tests {
         ))
         .unwrap();
         let before = bytes_tokenized();
-        let openai = with_media_rules(MediaRules::OPENAI, || content_tokens(Tokenizer::O200kBase, &history[0]));
+        let openai = with_media_rules(MediaRules::OPENAI, || {
+            content_tokens(Tokenizer::O200kBase, &history[0])
+        });
         assert_eq!(openai, 2 + 765 + 2);
         // The base64 (over a megabyte) was never handed to the tokenizer.
         assert!(bytes_tokenized() - before < 1000);
         // The same message on an Anthropic model: its rule, not the count remembered above.
-        let anthropic =
-            with_media_rules(MediaRules::ANTHROPIC, || content_tokens(Tokenizer::O200kBase, &history[0]));
+        let anthropic = with_media_rules(MediaRules::ANTHROPIC, || {
+            content_tokens(Tokenizer::O200kBase, &history[0])
+        });
         assert_eq!(anthropic, 2 + 1399 + 2);
         // And back: the memo's tag says which rules it holds.
         assert_eq!(
-            with_media_rules(MediaRules::OPENAI, || content_tokens(Tokenizer::O200kBase, &history[0])),
+            with_media_rules(MediaRules::OPENAI, || content_tokens(
+                Tokenizer::O200kBase,
+                &history[0]
+            )),
             openai
         );
     }

@@ -29,9 +29,9 @@ use rustc_hash::FxHashMap;
 
 use super::codec::{Decoded, Decoder, Encoder, Malformed};
 use super::framing::{self, FrameReader, ReadFailure};
-use plugin_api::parts::{ImageTokens, MediaRules};
 use crate::library::PluginLibrary;
 use crate::services;
+use plugin_api::parts::{ImageTokens, MediaRules};
 
 /// Where frames go: the real stdout, shared by the call's answer and the plugin's log
 /// lines (which may come from any thread the plugin starts).

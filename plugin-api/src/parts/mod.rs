@@ -263,7 +263,9 @@ fn image_data<'a>(s: &scan::Scan<'a>) -> Option<(Option<&'a str>, bool)> {
         ),
         "input_image" => (s.string(1, "image_url"), s.get(1, "detail")),
         "image" => {
-            let data = (s.get(2, "type") == Some("base64")).then(|| s.string(2, "data")).flatten();
+            let data = (s.get(2, "type") == Some("base64"))
+                .then(|| s.string(2, "data"))
+                .flatten();
             return Some((data, false));
         }
         _ => return None,
@@ -335,10 +337,17 @@ fn audio_cost(s: &scan::Scan<'_>) -> PartCost<'static> {
 /// estimate: the provider's count is not visible). A signature is not counted.
 fn reasoning_cost(json: &str) -> Option<PartCost<'static>> {
     let value: Value = serde_json::from_str(json).ok()?;
-    let opaque = |key: &str| value.get(key).and_then(Value::as_str).map_or(0, |t| (t.len() as u64).div_ceil(4));
+    let opaque = |key: &str| {
+        value
+            .get(key)
+            .and_then(Value::as_str)
+            .map_or(0, |t| (t.len() as u64).div_ceil(4))
+    };
     let mut cost = PartCost::default();
     match value.get("type")?.as_str()? {
-        "thinking" => cost.texts.push(Cow::Owned(value.get("thinking")?.as_str()?.to_string())),
+        "thinking" => cost
+            .texts
+            .push(Cow::Owned(value.get("thinking")?.as_str()?.to_string())),
         "redacted_thinking" => cost.tokens = opaque("data"),
         "reasoning" => {
             for list in ["summary", "content"] {

@@ -54,7 +54,9 @@ impl<'a> B64<'a> {
 
     /// Decoded bytes `start..start + n` (shorter at the end).
     pub fn bytes(&self, start: usize, n: usize) -> Vec<u8> {
-        (start..start.saturating_add(n)).map_while(|i| self.byte(i)).collect()
+        (start..start.saturating_add(n))
+            .map_while(|i| self.byte(i))
+            .collect()
     }
 }
 
@@ -256,7 +258,16 @@ mod tests {
 
     #[test]
     fn garbage_says_nothing_and_never_panics() {
-        for text in ["", "=", "AAAA", "/9j/", "iVBORw0KGgo=", "UklGR", "JVBERi0", "!!!!"] {
+        for text in [
+            "",
+            "=",
+            "AAAA",
+            "/9j/",
+            "iVBORw0KGgo=",
+            "UklGR",
+            "JVBERi0",
+            "!!!!",
+        ] {
             let data = B64::new(text);
             assert_eq!(image_size(&data), None);
             assert_eq!(pdf_pages(&data), None);

@@ -27,7 +27,11 @@ fn crc32(bytes: &[u8]) -> u32 {
     for &b in bytes {
         crc ^= u32::from(b);
         for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -42,13 +46,40 @@ fn png_chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
     out.extend_from_slice(&crc.to_be_bytes());
 }
 
-/// A grey `width` × `height` PNG (8-bit greyscale, a gradient), with its pixels in
-/// stored (uncompressed) deflate blocks: about `width × height` bytes.
+/// A black `width` × `height` PNG (8-bit greyscale), its pixels compressed by a fixed-
+/// Huffman deflate block (runs of zeros as copies of distance 1): a real PNG of a few
+/// kilobytes even at screen size.
 pub fn png(width: u32, height: u32) -> Vec<u8> {
+    let raw_len = (width as usize + 1) * height as usize;
+    let mut bits = BitWriter::default();
+    bits.put(1, 1); // BFINAL
+    bits.put(1, 2); // BTYPE = 01, fixed Huffman
+    bits.code(0x30, 8); // literal 0
+    let mut left = raw_len - 1;
+    while left >= 258 {
+        bits.code(0xc5, 8); // length 258 (code 285)
+        bits.code(0, 5); // distance 1
+        left -= 258;
+    }
+    for _ in 0..left {
+        bits.code(0x30, 8);
+    }
+    bits.code(0, 7); // end of block
+    let mut zlib = vec![0x78, 0x01];
+    zlib.extend_from_slice(&bits.finish());
+    // Adler-32 of zeros: a stays 1, b grows by 1 per byte.
+    let adler = ((raw_len % 65_521) as u32) << 16 | 1;
+    zlib.extend_from_slice(&adler.to_be_bytes());
+    png_file(width, height, &zlib)
+}
+
+/// A `width` × `height` greyscale PNG of noise-like pixels in stored (uncompressed)
+/// deflate blocks: about `width × height` bytes, for measuring big payloads.
+pub fn png_stored(width: u32, height: u32) -> Vec<u8> {
     let mut raw = Vec::with_capacity((width as usize + 1) * height as usize);
     for y in 0..height {
         raw.push(0); // filter: none
-        raw.extend((0..width).map(|x| (x ^ y) as u8));
+        raw.extend((0..width).map(|x| (x.wrapping_mul(31) ^ y.wrapping_mul(17)) as u8));
     }
     let mut zlib = vec![0x78, 0x01];
     let blocks: Vec<&[u8]> = raw.chunks(65_535).collect();
@@ -65,22 +96,60 @@ pub fn png(width: u32, height: u32) -> Vec<u8> {
         b = (b + a) % 65_521;
     }
     zlib.extend_from_slice(&((b << 16) | a).to_be_bytes());
+    png_file(width, height, &zlib)
+}
+
+fn png_file(width: u32, height: u32, zlib: &[u8]) -> Vec<u8> {
     let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
     let mut ihdr = Vec::new();
     ihdr.extend_from_slice(&width.to_be_bytes());
     ihdr.extend_from_slice(&height.to_be_bytes());
     ihdr.extend_from_slice(&[8, 0, 0, 0, 0]);
     png_chunk(&mut out, b"IHDR", &ihdr);
-    png_chunk(&mut out, b"IDAT", &zlib);
+    png_chunk(&mut out, b"IDAT", zlib);
     png_chunk(&mut out, b"IEND", &[]);
     out
+}
+
+/// Deflate's bit order: values least significant bit first, Huffman codes most
+/// significant bit first.
+#[derive(Default)]
+struct BitWriter {
+    out: Vec<u8>,
+    byte: u8,
+    used: u8,
+}
+
+impl BitWriter {
+    fn bit(&mut self, bit: u32) {
+        self.byte |= ((bit & 1) as u8) << self.used;
+        self.used += 1;
+        if self.used == 8 {
+            self.out.push(self.byte);
+            (self.byte, self.used) = (0, 0);
+        }
+    }
+    fn put(&mut self, value: u32, len: u32) {
+        (0..len).for_each(|i| self.bit(value >> i));
+    }
+    fn code(&mut self, code: u32, len: u32) {
+        (0..len).rev().for_each(|i| self.bit(code >> i));
+    }
+    fn finish(mut self) -> Vec<u8> {
+        if self.used > 0 {
+            self.out.push(self.byte);
+        }
+        self.out
+    }
 }
 
 /// A baseline JPEG's headers: JFIF, an `exif_bytes`-long APP1 segment before the frame
 /// (as a camera's EXIF puts it), DQT, the SOF0 frame with the size, EOI.
 pub fn jpeg(width: u16, height: u16, exif_bytes: u16) -> Vec<u8> {
     let mut out = vec![0xff, 0xd8];
-    out.extend_from_slice(&[0xff, 0xe0, 0, 16, b'J', b'F', b'I', b'F', 0, 1, 1, 0, 0, 1, 0, 1, 0, 0]);
+    out.extend_from_slice(&[
+        0xff, 0xe0, 0, 16, b'J', b'F', b'I', b'F', 0, 1, 1, 0, 0, 1, 0, 1, 0, 0,
+    ]);
     let exif = exif_bytes.max(8);
     out.extend_from_slice(&[0xff, 0xe1]);
     out.extend_from_slice(&exif.to_be_bytes());
@@ -124,7 +193,10 @@ pub fn pdf(pages: usize) -> Vec<u8> {
         "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
         format!(
             "<< /Type /Pages /Kids [{}] /Count {pages} >>",
-            (0..pages).map(|i| format!("{} 0 R", i + 3)).collect::<Vec<_>>().join(" ")
+            (0..pages)
+                .map(|i| format!("{} 0 R", i + 3))
+                .collect::<Vec<_>>()
+                .join(" ")
         ),
     ];
     objects.extend((0..pages).map(|_| "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>".to_string()));

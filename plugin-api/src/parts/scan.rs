@@ -78,7 +78,11 @@ pub(crate) fn scan(json: &str) -> Scan<'_> {
 
 enum Stop<'a> {
     End,
-    Long { key: &'a str, depth: usize, start: usize },
+    Long {
+        key: &'a str,
+        depth: usize,
+        start: usize,
+    },
 }
 
 struct Forward<'a> {
@@ -177,7 +181,12 @@ fn string_end(bytes: &[u8], start: usize, limit: usize) -> Option<usize> {
 /// Walks `json` backwards from its end down to the long string that starts at
 /// `long_start` (at `long_depth`), adding the short string members met, and returns the
 /// index of the long string's closing quote; `None` when the tail does not make sense.
-fn backward<'a>(json: &'a str, long_start: usize, long_depth: usize, out: &mut Vec<Found<'a>>) -> Option<usize> {
+fn backward<'a>(
+    json: &'a str,
+    long_start: usize,
+    long_depth: usize,
+    out: &mut Vec<Found<'a>>,
+) -> Option<usize> {
     let bytes = json.as_bytes();
     let mut i = bytes.len();
     // Depth counted from the outside in: the final `}` closes depth 1.

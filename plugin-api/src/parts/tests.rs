@@ -27,7 +27,11 @@ fn openai_tiles_match_the_published_examples_on_real_images() {
     let low = opaque(image_url_part("image/png", &png(1024, 1024), Some("low")));
     assert_eq!(fixed(&low, &MediaRules::OPENAI), 85);
     // A small image is not scaled up: 300×200 is one tile.
-    let small = opaque(image_url_part("image/jpeg", &jpeg(300, 200, 20_000), Some("auto")));
+    let small = opaque(image_url_part(
+        "image/jpeg",
+        &jpeg(300, 200, 20_000),
+        Some("auto"),
+    ));
     assert_eq!(fixed(&small, &MediaRules::OPENAI), 255);
 }
 
@@ -46,7 +50,13 @@ fn anthropic_area_matches_the_published_example() {
 fn every_format_gives_its_size_from_the_header() {
     for (mime, bytes, format, w, h) in [
         ("image/png", png(640, 480), ImageFormat::Png, 640, 480),
-        ("image/jpeg", jpeg(1280, 800, 30_000), ImageFormat::Jpeg, 1280, 800),
+        (
+            "image/jpeg",
+            jpeg(1280, 800, 30_000),
+            ImageFormat::Jpeg,
+            1280,
+            800,
+        ),
         ("image/gif", gif(320, 240), ImageFormat::Gif, 320, 240),
         ("image/webp", webp(1920, 1080), ImageFormat::Webp, 1920, 1080),
     ] {
@@ -59,8 +69,12 @@ fn every_format_gives_its_size_from_the_header() {
 #[test]
 fn images_of_unknown_size_cost_the_configured_amount() {
     let url = opaque(r#"{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}"#.into());
-    assert_eq!(fixed(&url, &MediaRules::OPENAI), MediaRules::OPENAI.image_tokens_unknown);
-    let source_url = opaque(r#"{"type":"image","source":{"type":"url","url":"https://example.com/a.png"}}"#.into());
+    assert_eq!(
+        fixed(&url, &MediaRules::OPENAI),
+        MediaRules::OPENAI.image_tokens_unknown
+    );
+    let source_url =
+        opaque(r#"{"type":"image","source":{"type":"url","url":"https://example.com/a.png"}}"#.into());
     assert_eq!(fixed(&source_url, &MediaRules::ANTHROPIC), 1600);
     let garbage = opaque(format!(
         r#"{{"type":"input_image","image_url":"data:image/png;base64,{}"}}"#,
@@ -88,7 +102,10 @@ fn pdf_pages_times_the_rate_and_text_documents_by_their_text() {
     ));
     assert_eq!(fixed(&input_file, &MediaRules::OPENAI), 120 * 1500);
     let text = opaque(r#"{"type":"document","source":{"type":"text","media_type":"text/plain","data":"a \"quoted\" text"}}"#.into());
-    assert_eq!(text.cost(&MediaRules::ANTHROPIC).texts, vec![Cow::Borrowed("a \"quoted\" text")]);
+    assert_eq!(
+        text.cost(&MediaRules::ANTHROPIC).texts,
+        vec![Cow::Borrowed("a \"quoted\" text")]
+    );
 }
 
 #[test]
@@ -103,25 +120,38 @@ fn wav_audio_is_counted_by_its_duration() {
 
 #[test]
 fn reasoning_text_is_tokenized_and_encrypted_reasoning_estimated() {
-    let thinking = opaque(r#"{"type":"thinking","thinking":"Let me think.","signature":"EqQBCkYIBx"}"#.into());
+    let thinking =
+        opaque(r#"{"type":"thinking","thinking":"Let me think.","signature":"EqQBCkYIBx"}"#.into());
     assert_eq!(thinking.kind(), PartKind::Reasoning);
     let cost = thinking.cost(&MediaRules::ANTHROPIC);
-    assert_eq!((cost.tokens, cost.texts), (0, vec![Cow::Borrowed("Let me think.")]));
-    let redacted = opaque(format!(r#"{{"type":"redacted_thinking","data":"{}"}}"#, "x".repeat(400)));
+    assert_eq!(
+        (cost.tokens, cost.texts),
+        (0, vec![Cow::Borrowed("Let me think.")])
+    );
+    let redacted = opaque(format!(
+        r#"{{"type":"redacted_thinking","data":"{}"}}"#,
+        "x".repeat(400)
+    ));
     assert_eq!(fixed(&redacted, &MediaRules::ANTHROPIC), 100);
     let item = opaque(format!(
         r#"{{"type":"reasoning","id":"rs_1","summary":[{{"type":"summary_text","text":"Checked the file."}}],"encrypted_content":"{}"}}"#,
         "y".repeat(8000)
     ));
     let cost = item.cost(&MediaRules::OPENAI);
-    assert_eq!((cost.tokens, cost.texts), (2000, vec![Cow::Borrowed("Checked the file.")]));
+    assert_eq!(
+        (cost.tokens, cost.texts),
+        (2000, vec![Cow::Borrowed("Checked the file.")])
+    );
 }
 
 #[test]
 fn other_parts_are_their_json_text_and_base64_never_a_text() {
     let other = opaque(r#"{"type":"custom","x":1}"#.into());
     assert_eq!(other.kind(), PartKind::Other);
-    assert_eq!(other.cost(&MediaRules::OPENAI).texts, vec![Cow::Borrowed(r#"{"type":"custom","x":1}"#)]);
+    assert_eq!(
+        other.cost(&MediaRules::OPENAI).texts,
+        vec![Cow::Borrowed(r#"{"type":"custom","x":1}"#)]
+    );
     let image = opaque(image_url_part("image/png", &png(64, 64), None));
     assert!(image.cost(&MediaRules::OPENAI).texts.is_empty());
 }

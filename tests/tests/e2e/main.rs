@@ -24,6 +24,7 @@ mod hardening_output;
 mod host_services;
 mod ingest;
 mod isolation;
+mod media;
 mod metrics;
 mod process_cli;
 mod properties;
