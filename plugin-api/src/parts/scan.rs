@@ -116,9 +116,7 @@ impl<'a> Forward<'a> {
                     self.at += 1;
                 }
                 b'}' | b']' => {
-                    if stack.pop() == Some(true) {
-                        self.depth -= 1;
-                    }
+                    self.depth -= usize::from(stack.pop() == Some(true));
                     if stack.is_empty() {
                         return Ok(Stop::End);
                     }
@@ -210,9 +208,7 @@ fn backward<'a>(
                 pending = None;
             }
             b'{' | b'[' => {
-                if stack.pop() == Some(true) {
-                    depth = depth.checked_sub(1)?;
-                }
+                depth = depth.checked_sub(usize::from(stack.pop() == Some(true)))?;
             }
             b':' => after_colon = true,
             b',' => {
