@@ -59,6 +59,9 @@ pub struct UpstreamConfig {
     /// `ca_file`: PEM certificates trusted for an `https://` upstream besides the usual
     /// roots (a private CA); resolved beside the configuration file.
     pub ca_file: Option<PathBuf>,
+    /// `send_over_budget`: send a history still over the model's `context_tokens` after
+    /// the chain instead of answering 400 `context_length_exceeded` (docs/proxy.md).
+    pub send_over_budget: bool,
 }
 
 /// `on_plugin_error` (docs/chain.md#faults).
@@ -299,6 +302,20 @@ impl Reader<'_> {
         }
     }
 
+    /// A boolean key; anything else an error naming the key and the line.
+    fn boolean(&self, table: &Table, key: &str, place: &str) -> Result<Option<bool>, ConfigError> {
+        match table.get(key) {
+            None => Ok(None),
+            Some(item) => item.as_bool().map(Some).ok_or_else(|| {
+                self.key_error(
+                    table,
+                    key,
+                    format!("`{key}` in {place} must be true or false, found {}", shown(item)),
+                )
+            }),
+        }
+    }
+
     /// An `http://` or `https://` base URL, its trailing `/` dropped; anything else an error
     /// naming the key. `None` when the key is missing.
     fn http_url(&self, table: &Table, key: &str, place: &str) -> Result<Option<String>, ConfigError> {
@@ -454,7 +471,14 @@ impl Config {
                 reader.refuse_unknown(
                     table,
                     place,
-                    &["url", "timeout_s", "read_timeout_s", "max_connections", "ca_file"],
+                    &[
+                        "url",
+                        "timeout_s",
+                        "read_timeout_s",
+                        "max_connections",
+                        "ca_file",
+                        "send_over_budget",
+                    ],
                 )?;
                 let Some(url) = reader.http_url(table, "url", place)? else {
                     return Err(reader.error(
@@ -485,6 +509,7 @@ impl Config {
                             Some(file)
                         }
                     },
+                    send_over_budget: reader.boolean(table, "send_over_budget", place)?.unwrap_or(false),
                 })
             }
         };
@@ -1170,6 +1195,7 @@ mod tests {
                 read_timeout_s: DEFAULT_UPSTREAM_READ_TIMEOUT_S,
                 max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
                 ca_file: None,
+                send_over_budget: false,
             })
         );
         let config =

@@ -159,7 +159,10 @@ pub async fn chat_completions(
                 .map(|text| serde_json::from_str::<Value>(text.get()))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
-            (app.service.turn_resent(id, messages, model).await?.run, None)
+            (
+                app.service.turn_resent(id, messages, model.clone()).await?.run,
+                None,
+            )
         }
         None => {
             // Parsed here, on the async thread, as the body was: a resent message is found,
@@ -174,10 +177,16 @@ pub async fn chat_completions(
                 .map_err(|e| OpenAiError::invalid(format!("messages: {e}")))?;
             // An unlisted model runs as `default`, never refused: the upstream judges model
             // names (docs/proxy.md#models).
-            let stateless = app.service.run_stateless("proxy", history, turn, model).await?;
+            let stateless = app
+                .service
+                .run_stateless("proxy", history, turn, model.clone())
+                .await?;
             (stateless.run, stateless.unknown_model)
         }
     };
+    if !upstream.send_over_budget {
+        over_budget(&app, &run, model.as_deref(), unknown_model.is_some())?;
+    }
     // The sent history written once, straight to JSON text (no Value in between), as a
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = plugin_api::wire::provider_history_to_string(&run.history);
@@ -199,6 +208,31 @@ pub async fn chat_completions(
         }
     }
     Ok(response)
+}
+
+/// A history still over the model's `context_tokens` after the chain is answered as the
+/// provider would, 400 `context_length_exceeded`, before anything goes upstream, unless
+/// `[upstream] send_over_budget = true` (docs/proxy.md#over-budget).
+fn over_budget(app: &App, run: &history_engine::ChainRun, model: Option<&str>, unknown: bool) -> Result<()> {
+    let name = match model {
+        Some(name) if !unknown => name,
+        _ => "default",
+    };
+    let limit = app.service.config().model(name).context_tokens;
+    if run.tokens_out <= limit {
+        return Ok(());
+    }
+    Err(OpenAiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "context_length_exceeded",
+        format!(
+            "This model's maximum context length is {limit} tokens. However, your messages resulted in {} \
+             tokens after the history chain ({} before). Nothing was sent upstream; configure the chain to \
+             fit (token_budget, tool_result_filter max_result_tokens) or set [upstream] send_over_budget = true.",
+            run.tokens_out, run.tokens_in
+        ),
+    ))
 }
 
 /// The visitor methods of every JSON value but an object or array, each answering `$other`.

@@ -37,6 +37,7 @@ pub fn resolve(
                 read_timeout_s: DEFAULT_UPSTREAM_READ_TIMEOUT_S,
                 max_connections: DEFAULT_UPSTREAM_MAX_CONNECTIONS,
                 ca_file: None,
+                send_over_budget: false,
             })
         },
         (None, Some(configured)) => configured.clone(),
@@ -61,6 +62,8 @@ pub struct Upstream {
     pub(crate) read_timeout: Duration,
     /// One permit per request in flight upstream (`max_connections`).
     pub(crate) permits: Arc<Semaphore>,
+    /// `send_over_budget`: a history over the model's `context_tokens` still goes upstream.
+    pub(crate) send_over_budget: bool,
 }
 
 impl Upstream {
@@ -85,6 +88,7 @@ impl Upstream {
             timeout: Duration::from_secs(config.timeout_s),
             read_timeout: Duration::from_secs(config.read_timeout_s),
             permits: Arc::new(Semaphore::new(config.max_connections as usize)),
+            send_over_budget: config.send_over_budget,
         })
     }
 
@@ -346,6 +350,7 @@ mod tests {
             read_timeout_s: 5,
             max_connections: 2,
             ca_file: None,
+            send_over_budget: false,
         };
         let flag = resolve(Some("https://b/v1/"), Some(&configured))
             .unwrap()

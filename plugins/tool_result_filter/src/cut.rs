@@ -40,7 +40,10 @@ pub(crate) fn cut_oversized(
         let copy = message.compacted_copy(cut, original_length, keep_original, |copy| {
             tokens as i64 - ctx.tokens().content(tokenizer, copy) as i64
         });
-        let saved = copy.meta().and_then(|m| m.tokens_saved.into_option()).unwrap_or(0);
+        let saved = copy
+            .meta()
+            .and_then(|m| m.tokens_saved.into_option())
+            .unwrap_or(0);
         events.push(
             Event::new(
                 EventKind::MessageCompacted,
@@ -110,7 +113,9 @@ mod tests {
 
     #[test]
     fn a_result_over_the_limit_keeps_its_head_and_tail_and_the_original() {
-        let body: String = (0..2000).map(|i| format!("line {i}: value {}\n", i * 7)).collect();
+        let body: String = (0..2000)
+            .map(|i| format!("line {i}: value {}\n", i * 7))
+            .collect();
         let history = history_from_str(&format!(
             r#"[{{"role":"user","content":"go"}},
                 {{"role":"assistant","tool_calls":[{{"id":"c","type":"function","function":{{"name":"f","arguments":"{{}}"}}}}]}},

@@ -118,3 +118,102 @@ fn screenshots_count_by_the_tile_rule_and_evict_no_text_through_the_proxy() {
     );
     assert_eq!(server.stop().code(), Some(0));
 }
+
+/// A conversation whose newest tool result alone is ~25,000 tokens.
+fn huge_result() -> Vec<Value> {
+    let body: String = (0..2500)
+        .map(|i| format!("row {i}: status ok, latency {} ms\n", i % 97))
+        .collect();
+    vec![
+        j!({"role": "user", "content": "List every row of the table."}),
+        j!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call_1", "type": "function", "function": {"name": "query", "arguments": "{\"table\":\"rows\"}"}
+        }]}),
+        j!({"role": "tool", "tool_call_id": "call_1", "content": body}),
+    ]
+}
+
+fn small_model(plugin: &str, upstream_table: &str) -> TestConfig {
+    TestConfig::new(&format!(
+        "[history]\nagent_max_ctx = 200\nchain = [\"default\", \"tool_result_filter\"]\non_plugin_error = \"fail\"\n\
+         [models.small-8k]\nmax_context = 200\ncontext_tokens = 8192\ntokenizer = \"o200k_base\"\n\
+         [plugin.tool_result_filter]\nstrategy = \"keep_all\"\n{plugin}\n{upstream_table}"
+    ))
+}
+
+#[test]
+fn a_25k_token_result_on_an_8k_model_is_cut_to_fit_or_refused_before_the_upstream() {
+    let messages = huge_result();
+    let body = messages[2]["content"].as_str().unwrap().to_string();
+    assert!(count_text(Tokenizer::O200kBase, &body) > 20_000);
+    let upstream = Upstream::start(Behaviour::default());
+
+    // With max_result_tokens: cut to its head and tail, the rest of the turn fits.
+    let config = small_model("max_result_tokens = 4000", "");
+    let server = start(&config, &upstream.base_url());
+    let answer =
+        openai_client(&j!({"base_url": server.url("/v1"), "model": "small-8k", "messages": messages}));
+    let tokens = answer["headers"]["x-history-tokens"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string();
+    let out: u64 = tokens.split("->").nth(1).unwrap().parse().unwrap();
+    assert!(out <= 8192, "{tokens}");
+    let sent = upstream.requests()[0].json();
+    let cut = sent["messages"][2]["content"].as_str().unwrap();
+    assert!(count_text(Tokenizer::O200kBase, cut) <= 4000);
+    assert!(
+        cut.starts_with("row 0: status ok") && cut.trim_end().ends_with("row 2499: status ok, latency 74 ms")
+    );
+    assert!(cut.contains("cut from the middle of this result"), "{cut}");
+    assert!(
+        sent["messages"][2].get("metadata").is_none(),
+        "no host metadata upstream"
+    );
+    assert_eq!(server.stop().code(), Some(0));
+
+    // The original is kept for expansion: the same chain, in-process, keeps it.
+    let (engine_config, _, chain) = history_engine::load_chain(&config.path).unwrap();
+    let history = plugin_api::wire::history_from_str(&Value::Array(messages.clone()).to_string()).unwrap();
+    let ctx = history_engine::stateless_context(&engine_config, engine_config.model("small-8k"), 1);
+    let run = chain.run(history, &ctx, history_engine::Call::Process).unwrap();
+    let restored = run.history[2]
+        .restored_copy()
+        .expect("the cut result can be expanded");
+    assert_eq!(restored.content.text(), body);
+    assert!(run
+        .stages
+        .iter()
+        .flat_map(|s| &s.events)
+        .any(|e| e.kind == plugin_api::EventKind::MessageCompacted));
+
+    // Without a cut: a 400 in OpenAI's shape, and nothing sent upstream.
+    let before = upstream.requests().len();
+    let config = small_model("", "");
+    let server = start(&config, &upstream.base_url());
+    let answer =
+        openai_client(&j!({"base_url": server.url("/v1"), "model": "small-8k", "messages": messages}));
+    assert_eq!(answer["status"], 400, "{answer}");
+    assert_eq!(answer["body"]["code"], "context_length_exceeded", "{answer}");
+    assert!(answer["body"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("maximum context length is 8192 tokens"));
+    assert_eq!(upstream.requests().len(), before, "nothing went upstream");
+    assert_eq!(server.stop().code(), Some(0));
+
+    // send_over_budget = true: sent as it is.
+    let config = small_model(
+        "",
+        &format!(
+            "[upstream]\nurl = \"{}\"\nsend_over_budget = true\n",
+            upstream.base_url()
+        ),
+    );
+    let server = start(&config, &upstream.base_url());
+    let answer =
+        openai_client(&j!({"base_url": server.url("/v1"), "model": "small-8k", "messages": messages}));
+    assert!(answer["content"].is_string(), "{answer}");
+    assert_eq!(upstream.requests().len(), before + 1);
+    assert_eq!(server.stop().code(), Some(0));
+}
