@@ -217,3 +217,31 @@ fn a_25k_token_result_on_an_8k_model_is_cut_to_fit_or_refused_before_the_upstrea
     assert_eq!(upstream.requests().len(), before + 1);
     assert_eq!(server.stop().code(), Some(0));
 }
+
+#[test]
+fn only_the_newest_screenshots_reach_the_upstream_with_media_filter() {
+    let (messages, _) = conversation();
+    let config = TestConfig::new(
+        "[history]\nagent_max_ctx = 200\nchain = [\"default\", \"media_filter\", \"token_budget\"]\non_plugin_error = \"fail\"\n\
+         [models.gpt-4o]\nmax_context = 200\ncontext_tokens = 128000\ntokenizer = \"o200k_base\"\n\
+         [plugin.media_filter]\nkeep_images = 3\nmin_removal_threshold = 1\n",
+    );
+    let upstream = Upstream::start(Behaviour::default());
+    let server = start(&config, &upstream.base_url());
+    let answer = openai_client(&j!({"base_url": server.url("/v1"), "model": "gpt-4o", "messages": messages}));
+    let n = messages.len();
+    assert_eq!(answer["headers"]["x-history-messages"], format!("{n}->{n}"), "{answer}");
+    let sent = upstream.requests()[0].json();
+    let sent = sent["messages"].as_array().unwrap();
+    let with_image: Vec<usize> = (0..n)
+        .filter(|&i| sent[i]["content"].as_array().is_some_and(|p| p.iter().any(|p| p["type"] == "image_url")))
+        .collect();
+    assert_eq!(with_image, [n - 7, n - 4, n - 1], "the newest three screenshots");
+    for i in with_image {
+        assert_eq!(sent[i], messages[i], "a kept screenshot goes unchanged");
+    }
+    let first = &sent[4]["content"];
+    assert_eq!(first[0], messages[4]["content"][0], "the text part stays");
+    assert_eq!(first[1], j!({"type": "text", "text": "[image omitted: 1280×800 png, 1105 tokens]"}));
+    assert_eq!(server.stop().code(), Some(0));
+}
