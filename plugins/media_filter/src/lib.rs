@@ -10,6 +10,8 @@
 //! A plugin of its own rather than a key of `tool_result_filter`: images sit in user
 //! messages as often as in tool results, and this plugin never touches a text.
 
+mod reasoning;
+
 use plugin_api::parts::PartKind;
 use plugin_api::{
     ConfigError, ConfigTable, Content, Context, Event, EventKind, HistoryPlugin, LoadContext, Message,
@@ -21,6 +23,8 @@ pub struct MediaFilter {
     keep_documents: Option<usize>,
     min_removal_threshold: usize,
     preserve_original: bool,
+    /// `keep_thinking_turns`: `None` keeps all reasoning (`all`, or the key absent).
+    keep_thinking_turns: Option<usize>,
 }
 
 /// Where a media part sits: message index, part index.
@@ -87,6 +91,10 @@ impl HistoryPlugin for MediaFilter {
             "preserve_original",
             "keep original_content and can_expand for expansion (default true)",
         ),
+        (
+            "keep_thinking_turns",
+            "the newest N assistant turns keep their reasoning, or \"all\" (default all); never the open tool loop's",
+        ),
     ];
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
@@ -96,12 +104,17 @@ impl HistoryPlugin for MediaFilter {
         let keep_documents = size(config.u64("keep_documents")?);
         let min_removal_threshold = size(config.positive("min_removal_threshold")?).unwrap_or(1);
         let preserve_original = config.bool("preserve_original")?.unwrap_or(true);
+        let keep_thinking_turns = config
+            .u64_or("keep_thinking_turns", "all")?
+            .flatten()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         config.finish()?;
         Ok(MediaFilter {
             keep_images,
             keep_documents,
             min_removal_threshold,
             preserve_original,
+            keep_thinking_turns,
         })
     }
 
@@ -113,12 +126,15 @@ impl HistoryPlugin for MediaFilter {
         if let Some(keep) = self.keep_documents {
             replace.extend(self.to_replace(history, PartKind::Document, keep));
         }
-        if replace.is_empty() {
-            return Ok(Output::unchanged(history));
-        }
-        replace.sort_unstable();
         let mut out: Vec<RArc<Message>> = history.to_vec();
         let mut events = Vec::new();
+        if let Some(keep) = self.keep_thinking_turns {
+            reasoning::clear(&mut out, &mut events, ctx, keep, self.preserve_original);
+        }
+        if replace.is_empty() {
+            return Ok(Output::new(out, events));
+        }
+        replace.sort_unstable();
         for chunk in replace.chunk_by(|a, b| a.0 == b.0) {
             let index = chunk[0].0;
             let message = &history[index];

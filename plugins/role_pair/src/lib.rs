@@ -514,12 +514,18 @@ mod tests {
                 {"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"sig"},{"type":"text","text":"second"}]}]"#,
         );
         let plugin = RolePair::new(&plugin_api::testing::load_context(r#"{"mode":"merge"}"#)).unwrap();
-        let out = plugin.process(&history, &plugin_api::testing::context(200, 1)).unwrap();
+        let out = plugin
+            .process(&history, &plugin_api::testing::context(200, 1))
+            .unwrap();
         assert_eq!(out.history.len(), 2);
         let parts = out.history[1].content.to_parts();
         let kinds: Vec<&str> = parts.iter().map(|p| p.type_name().unwrap_or("")).collect();
         assert_eq!(kinds, ["thinking", "text", "text"]);
-        assert_eq!(parts[0], history[2].content.to_parts()[0], "the block byte for byte");
+        assert_eq!(
+            parts[0],
+            history[2].content.to_parts()[0],
+            "the block byte for byte"
+        );
     }
 
     #[test]

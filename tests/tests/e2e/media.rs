@@ -230,11 +230,19 @@ fn only_the_newest_screenshots_reach_the_upstream_with_media_filter() {
     let server = start(&config, &upstream.base_url());
     let answer = openai_client(&j!({"base_url": server.url("/v1"), "model": "gpt-4o", "messages": messages}));
     let n = messages.len();
-    assert_eq!(answer["headers"]["x-history-messages"], format!("{n}->{n}"), "{answer}");
+    assert_eq!(
+        answer["headers"]["x-history-messages"],
+        format!("{n}->{n}"),
+        "{answer}"
+    );
     let sent = upstream.requests()[0].json();
     let sent = sent["messages"].as_array().unwrap();
     let with_image: Vec<usize> = (0..n)
-        .filter(|&i| sent[i]["content"].as_array().is_some_and(|p| p.iter().any(|p| p["type"] == "image_url")))
+        .filter(|&i| {
+            sent[i]["content"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|p| p["type"] == "image_url"))
+        })
         .collect();
     assert_eq!(with_image, [n - 7, n - 4, n - 1], "the newest three screenshots");
     for i in with_image {
@@ -242,6 +250,9 @@ fn only_the_newest_screenshots_reach_the_upstream_with_media_filter() {
     }
     let first = &sent[4]["content"];
     assert_eq!(first[0], messages[4]["content"][0], "the text part stays");
-    assert_eq!(first[1], j!({"type": "text", "text": "[image omitted: 1280×800 png, 1105 tokens]"}));
+    assert_eq!(
+        first[1],
+        j!({"type": "text", "text": "[image omitted: 1280×800 png, 1105 tokens]"})
+    );
     assert_eq!(server.stop().code(), Some(0));
 }
