@@ -256,3 +256,67 @@ fn only_the_newest_screenshots_reach_the_upstream_with_media_filter() {
     );
     assert_eq!(server.stop().code(), Some(0));
 }
+
+#[test]
+fn reasoning_in_both_shapes_is_counted_older_turns_cleared_and_the_open_loop_kept_byte_for_byte() {
+    let thinking = |t: &str, sig: &str| j!({"type": "thinking", "thinking": t, "signature": sig});
+    let messages = vec![
+        j!({"role": "user", "content": "Plan the trip."}),
+        j!({"role": "assistant", "content": "Booked the flight.", "reasoning_content": "The user wants a trip; flights first, then the hotel near the venue."}),
+        j!({"role": "user", "content": "Now the hotel."}),
+        j!({"role": "assistant", "content": [thinking("Hotels near the venue, under budget.", "EqQBCkYIBxgCKkA1"), {"type": "text", "text": "Booked the hotel."}]}),
+        j!({"role": "user", "content": "And a car."}),
+        j!({"role": "assistant", "content": [thinking("A car for three days; search first.", "EqQBCkYIBxgCKkB2")], "tool_calls": [{
+            "id": "call_car", "type": "function", "function": {"name": "search_cars", "arguments": "{\"days\":3}"}
+        }]}),
+        j!({"role": "tool", "tool_call_id": "call_car", "content": "3 cars found"}),
+    ];
+    // Counted: the reasoning's text is in the tokens (before, reasoning_content counted 0).
+    let text = |t: &str| count_text(Tokenizer::O200kBase, t);
+    let expected: u64 = 7 * 3
+        + text("Plan the trip.")
+        + text("Booked the flight.")
+        + text("The user wants a trip; flights first, then the hotel near the venue.")
+        + text("Now the hotel.")
+        + text("Hotels near the venue, under budget.")
+        + text("Booked the hotel.")
+        + text("And a car.")
+        + text("A car for three days; search first.")
+        + text("search_cars")
+        + text("{\"days\":3}")
+        + text("3 cars found");
+    let config = TestConfig::new(
+        "[history]\nagent_max_ctx = 200\nchain = [\"default\", \"media_filter\"]\non_plugin_error = \"fail\"\n\
+         [models.claude-sonnet-4]\nmax_context = 200\ncontext_tokens = 200000\ntokenizer = \"o200k_base\"\n\
+         [plugin.media_filter]\nkeep_thinking_turns = 0\n",
+    );
+    let upstream = Upstream::start(Behaviour::default());
+    let server = start(&config, &upstream.base_url());
+    let answer =
+        openai_client(&j!({"base_url": server.url("/v1"), "model": "claude-sonnet-4", "messages": messages}));
+    let tokens = answer["headers"]["x-history-tokens"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string();
+    assert!(
+        tokens.starts_with(&format!("{expected}->")),
+        "{tokens} (expected {expected} in)"
+    );
+    let sent = upstream.requests()[0].json();
+    let sent = sent["messages"].as_array().unwrap();
+    assert!(
+        sent[1].get("reasoning_content").is_none(),
+        "an older turn's reasoning_content cleared"
+    );
+    assert_eq!(
+        sent[3]["content"],
+        j!([{"type": "text", "text": "Booked the hotel."}]),
+        "an older thinking block cleared"
+    );
+    assert_eq!(
+        sent[5], messages[5],
+        "the open tool loop's thinking block, signature intact"
+    );
+    assert_eq!(sent[6], messages[6]);
+    assert_eq!(server.stop().code(), Some(0));
+}
