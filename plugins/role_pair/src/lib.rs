@@ -361,7 +361,7 @@ fn reasoning_first(parts: &mut Vec<Part>, policies: Option<&mut Vec<ROption<u64>
     let mut order: Vec<usize> = (0..parts.len()).collect();
     order.sort_by_key(|&i| !is_reasoning(&parts[i]));
     if let Some(policies) = policies.filter(|p| p.len() == parts.len()) {
-        *policies = order.iter().map(|&i| policies[i].clone()).collect();
+        *policies = order.iter().map(|&i| policies[i]).collect();
     }
     *parts = order.iter().map(|&i| parts[i].clone()).collect();
 }

@@ -19,8 +19,8 @@ pub(crate) fn cut_oversized(
     keep_original: bool,
 ) {
     let tokenizer = ctx.model.tokenizer;
-    for index in 0..history.len() {
-        let message = &history[index];
+    for (index, slot) in history.iter_mut().enumerate() {
+        let message = &*slot;
         if message.role != Role::Tool || message.is_expanded() || message.is_shortened() {
             continue;
         }
@@ -53,7 +53,7 @@ pub(crate) fn cut_oversized(
             .at(index, message)
             .saving(saved),
         );
-        history[index] = RArc::new(copy);
+        *slot = RArc::new(copy);
     }
 }
 
@@ -119,8 +119,8 @@ mod tests {
         let history = history_from_str(&format!(
             r#"[{{"role":"user","content":"go"}},
                 {{"role":"assistant","tool_calls":[{{"id":"c","type":"function","function":{{"name":"f","arguments":"{{}}"}}}}]}},
-                {{"role":"tool","tool_call_id":"c","content":{}}}]"#,
-            format!("\"{}\"", body.replace('\n', "\\n"))
+                {{"role":"tool","tool_call_id":"c","content":"{}"}}]"#,
+            body.replace('\n', "\\n")
         ))
         .unwrap();
         let ctx = settings().context();
