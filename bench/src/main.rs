@@ -38,6 +38,10 @@
 //!   working history handed back with the next turn's messages; the bytes `dedupe` hashed
 //!   (its own count, from its log lines: [`history_bench::hashing`]) over the tool results'
 //!   bytes that entered. 1.0 = each result hashed once.
+//! - **media**: counting a message that carries a 1 MB base64 PNG (a header read, never
+//!   the tokenizer, docs/wire-format.md#part-kinds), in µs; and the replay's text-only
+//!   history counted by the host's counter over the counting before part kinds, in the
+//!   same run (1.0 = no slower).
 //! - **peak RSS** of the process after the replays (VmHWM).
 
 mod big;
@@ -504,63 +508,59 @@ fn worst_token_throughput() -> (f64, f64) {
     (throughput(&one_letter), throughput(&acgt))
 }
 
-/// The process's peak resident set so far, in MB (VmHWM; Linux only, else 0).
-/// A noise PNG of `width` × `height` as an OpenAI `image_url` part's JSON, about as large
-/// as `width * height * 3` bytes of base64 (noise does not compress).
-fn image_part(width: u32, height: u32) -> String {
-    use base64::Engine as _;
-    let mut state = 0x9e37_79b9u32;
-    let pixels: Vec<u8> = (0..width * height * 3)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            state as u8
+/// Counting with part kinds (docs/wire-format.md#part-kinds): the median time to count a
+/// message carrying a 1 MB base64 PNG (its header read, never the tokenizer), in µs; and
+/// the text-only `history` counted fresh (no message remembers a count, the content cache
+/// warm) by the host's counter over the same counting as before part kinds (every item
+/// through the content cache): 1.0 = no slower.
+fn media_counting(history: &[Value]) -> Result<(f64, u64, f64)> {
+    // A text-only history: the same count both ways (an --input with media counts less now).
+    use plugin_api::parts::{samples, MediaRules};
+    let part = samples::image_url_part("image/png", &samples::png_stored(870, 900), Some("high"));
+    let image = parse(&[
+        json!({"role": "user", "content": [{"type": "text", "text": "the screen"}, serde_json::from_str::<Value>(&part).map_err(|e| e.to_string())?]}),
+    ])?;
+    // Alternating the rules makes each call count again (the memo says which rules it holds).
+    let times: Vec<Duration> = (0..200)
+        .map(|i| {
+            let rules = if i % 2 == 0 {
+                MediaRules::OPENAI
+            } else {
+                MediaRules::ANTHROPIC
+            };
+            tokens::with_media_rules(rules, || {
+                let started = Instant::now();
+                std::hint::black_box(tokens::message_tokens(Tokenizer::O200kBase, &image[0], 3));
+                started.elapsed()
+            })
         })
         .collect();
-    let mut png = Vec::new();
-    let mut encoder = png::Encoder::new(&mut png, width, height);
-    encoder.set_color(png::ColorType::Rgb);
-    let mut writer = encoder.write_header().expect("a PNG header");
-    writer.write_image_data(&pixels).expect("PNG data");
-    drop(writer);
-    let url = format!(
-        "data:image/png;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(&png)
-    );
-    json!({"type": "image_url", "image_url": {"url": url, "detail": "high"}}).to_string()
-}
-
-/// What counting one ~1 MB base64 screenshot costs (docs/wire-format.md#parts): a header
-/// read, never the tokenizer. Median and best of `calls` counts of a fresh message each
-/// (an image's count is not remembered on its message: it depends on the model's rules).
-fn media_counting(calls: usize) -> Result<Value> {
-    let part = image_part(560, 420);
-    let message = history_wire::chat::parse_message(&json!({"role": "user", "content": [
-        {"type": "text", "text": "the screen now"},
-        serde_json::from_str::<Value>(&part).map_err(|e| e.to_string())?,
-    ]}))
-    .map_err(|e| e.to_string())?;
-    let tokenized = tokens::bytes_tokenized();
-    let mut times = Vec::with_capacity(calls);
-    let mut count = 0;
-    for _ in 0..calls {
-        let fresh = message.clone();
+    let image_us = us(median(&times));
+    let mut now = Vec::new();
+    let mut before = Vec::new();
+    for run in 0..7 {
+        let messages = parse(history)?;
         let started = Instant::now();
-        count = tokens::message_tokens(Tokenizer::O200kBase, &fresh, 0);
-        times.push(started.elapsed());
+        let counted = tokens::history_tokens(Tokenizer::O200kBase, &messages);
+        let host = started.elapsed();
+        let messages = parse(history)?;
+        let started = Instant::now();
+        let old: u64 = messages
+            .iter()
+            .map(|m| 3 + tokens::items_tokens(Tokenizer::O200kBase, m.token_items()))
+            .sum();
+        let old_time = started.elapsed();
+        std::hint::black_box((counted, old));
+        // The first run fills the content cache for both.
+        if run > 0 {
+            now.push(host);
+            before.push(old_time);
+        }
     }
-    let tokenized = tokens::bytes_tokenized() - tokenized;
-    times.sort();
-    Ok(json!({
-        "image_json_bytes": part.len(),
-        "tokens": count,
-        "count_median_us": round(us(median(&times)), 2),
-        "count_best_us": round(us(times[0]), 2),
-        "bytes_tokenized_per_count": tokenized / calls as u64,
-    }))
+    Ok((image_us, part.len() as u64, ratio(median(&now), median(&before))))
 }
 
+/// The process's peak resident set so far, in MB (VmHWM; Linux only, else 0).
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -703,8 +703,8 @@ fn run(args: &[String]) -> Result<()> {
     let (throughput, counting) = token_throughput(&replay_history, Tokenizer::O200kBase)?;
     let (cl100k_throughput, _) = token_throughput(&replay_history, Tokenizer::Cl100kBase)?;
     let (one_letter, acgt) = worst_token_throughput();
+    let (image_us, image_bytes, text_ratio) = media_counting(&replay_history)?;
     let (reference_load, reference_throughput) = reference_token_throughput(&replay_history)?;
-    let media = media_counting(1000)?;
 
     let per_plugin = |single: &Single| -> BTreeMap<String, f64> {
         single
@@ -803,8 +803,10 @@ fn run(args: &[String]) -> Result<()> {
             "bytes_tokenized_ratio": round(tokenized_ratio, 4),
             "bytes_tokenized": first.bytes_tokenized,
             "bytes_entered": first.bytes_entered,
+            "image_count_us": round(image_us, 2),
+            "image_part_bytes": image_bytes,
+            "text_count_ratio_to_before": round(text_ratio, 3),
         },
-        "media": media,
         "peak_rss_mb": round(peak_rss, 1),
         "tokenizer_init_ms": round(ms(tokenizer_init), 1),
         "cl100k_init_ms": round(ms(cl100k_init), 1),
@@ -926,14 +928,9 @@ fn print_table(r: &Value) {
         "           bytes tokenized / entered over a replay: {}",
         tokens["bytes_tokenized_ratio"]
     );
-    let media = &r["media"];
     println!(
-        "media      one {}-byte base64 screenshot counted: {} tokens in {} µs (median; best {} µs), {} bytes tokenized",
-        media["image_json_bytes"],
-        media["tokens"],
-        media["count_median_us"],
-        media["count_best_us"],
-        media["bytes_tokenized_per_count"]
+        "           a {}-byte base64 PNG counted in {} µs; a text-only history counted now / before part kinds: {}",
+        tokens["image_part_bytes"], tokens["image_count_us"], tokens["text_count_ratio_to_before"]
     );
     println!("peak RSS   {} MB (after the replays)", r["peak_rss_mb"]);
     println!(

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use plugin_api::echo;
 use plugin_api::naming::is_plugin_name;
+#[cfg(test)]
+use plugin_api::parts::ImageTokens;
+use plugin_api::parts::MediaRules;
 use plugin_api::{ModelInfo, Tokenizer};
 use toml_edit::{Document, Item, Table, Value};
 
@@ -14,7 +17,7 @@ mod models;
 use history::HistoryTable;
 mod server;
 mod store;
-pub use models::{ImageRule, MediaRules, ModelTable, UnknownModels, DEFAULT_DOCUMENT_TOKENS_PER_PAGE};
+pub use models::{media_rules, ModelTable, UnknownModels};
 pub use server::{ServerConfig, DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_SHUTDOWN_GRACE_S};
 mod summarizer;
 mod upstream;
@@ -529,20 +532,11 @@ impl Config {
         }
     }
 
-    /// What model `name`'s non-text parts cost (docs/wire-format.md#parts): its table's
-    /// keys, else `[models.default]`'s, else the defaults.
+    /// The rules a call on model `name` counts images and documents by
+    /// (docs/configuration.md#models): each key from the listed table, else from
+    /// `[models.default]`, else the defaults of the name's provider family.
     pub fn media_rules(&self, name: &str) -> MediaRules {
-        let table = |n: &str| self.models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
-        let (listed, fallback) = (table(name), table("default"));
-        let pick = |f: fn(&ModelTable) -> Option<u64>| listed.and_then(f).or_else(|| fallback.and_then(f));
-        MediaRules {
-            image: listed
-                .and_then(|t| t.image_tokens)
-                .or_else(|| fallback.and_then(|t| t.image_tokens)),
-            image_unknown: pick(|t| t.image_tokens_unknown),
-            document_per_page: pick(|t| t.document_tokens_per_page)
-                .unwrap_or(DEFAULT_DOCUMENT_TOKENS_PER_PAGE),
-        }
+        media_rules(&self.models, name)
     }
 
     /// Whether the file lists model `name` (`default` always counts: it is what a call
@@ -1053,6 +1047,42 @@ mod tests {
         assert!(err.message.contains("[summarizer] needs `model`"), "{err}");
         let err = parse("[summarizer]\nmodel = \"m\"\n").unwrap_err();
         assert!(err.message.contains("[summarizer] needs `url`"), "{err}");
+    }
+
+    #[test]
+    fn media_rules_fall_back_key_by_key_to_the_family() {
+        let config = parse(
+            "[models.default]\ndocument_tokens_per_page = 1000\n[models.gpt-4o]\nimage_tokens_unknown = 500\n\
+             [models.claude-sonnet-4]\ncontext_tokens = 200000\n[models.local]\nimage_tokens = \"anthropic-area\"\n",
+        )
+        .unwrap();
+        let gpt = config.media_rules("gpt-4o");
+        assert_eq!(gpt.image_tokens, ImageTokens::OpenaiTiles);
+        assert_eq!(
+            (gpt.image_tokens_unknown, gpt.document_tokens_per_page),
+            (500, 1000)
+        );
+        let claude = config.media_rules("claude-sonnet-4");
+        assert_eq!(claude.image_tokens, ImageTokens::AnthropicArea);
+        assert_eq!(
+            claude.image_tokens_unknown,
+            MediaRules::ANTHROPIC.image_tokens_unknown
+        );
+        assert_eq!(
+            config.media_rules("local").image_tokens,
+            ImageTokens::AnthropicArea
+        );
+        let err = parse("[models.x]\nmax_context = 5\nimage_tokens = \"tiles\"\n").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(
+            err.message.contains("`image_tokens` in [models.x] must be"),
+            "{err}"
+        );
+        let err = parse("[models.x]\ndocument_tokens_per_page = -1\n").unwrap_err();
+        assert!(
+            err.message.contains("`document_tokens_per_page` in [models.x]"),
+            "{err}"
+        );
     }
 
     #[test]

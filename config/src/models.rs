@@ -1,16 +1,14 @@
 //! `[models]` (docs/configuration.md#models): each `[models.NAME]` table as written, what a
 //! name the file does not list gets (`unknown`), and what the model's non-text parts cost
-//! ([`MediaRules`], docs/wire-format.md#parts).
+//! (`plugin_api::parts::MediaRules`, docs/configuration.md#models).
 
 use plugin_api::echo;
+use plugin_api::parts::{ImageTokens, MediaRules};
 use plugin_api::Tokenizer;
 use toml_edit::Table;
 
 use super::Reader;
 use crate::ConfigError;
-
-/// `document_tokens_per_page` when neither the model's table nor `[models.default]` sets it.
-pub const DEFAULT_DOCUMENT_TOKENS_PER_PAGE: u64 = 1500;
 
 /// What a model name the file does not list gets (`[models] unknown`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,58 +21,35 @@ pub enum UnknownModels {
     Default,
 }
 
-/// How an image's pixels become tokens (`image_tokens`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageRule {
-    /// OpenAI's: low detail 85; else fit in 2048 × 2048, shortest side to 768, then
-    /// 85 + 170 per 512-px tile.
-    OpenAiTiles,
-    /// Anthropic's: width × height / 750 after fitting 1568 px on the long side.
-    AnthropicArea,
-}
-
-impl ImageRule {
-    pub fn parse(name: &str) -> Option<ImageRule> {
-        match name {
-            "openai-tiles" => Some(ImageRule::OpenAiTiles),
-            "anthropic-area" => Some(ImageRule::AnthropicArea),
-            _ => None,
-        }
-    }
-}
-
-/// What a model's images, documents and audio cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MediaRules {
-    /// `image_tokens`; `None`: by the part's wire form (Anthropic's blocks by area, OpenAI's
-    /// and Responses' parts by tiles), the family that reads it.
-    pub image: Option<ImageRule>,
-    /// `image_tokens_unknown`: an image whose size cannot be read (a URL); `None`: the
-    /// rule's largest usual image (765 by tiles, 1,600 by area).
-    pub image_unknown: Option<u64>,
-    /// `document_tokens_per_page`: a PDF page.
-    pub document_per_page: u64,
-}
-
-impl Default for MediaRules {
-    fn default() -> Self {
-        MediaRules {
-            image: None,
-            image_unknown: None,
-            document_per_page: DEFAULT_DOCUMENT_TOKENS_PER_PAGE,
-        }
-    }
-}
-
 /// A `[models.NAME]` table as written (keys it lacks are `None`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelTable {
     pub max_context: Option<u64>,
     pub context_tokens: Option<u64>,
     pub tokenizer: Option<Tokenizer>,
-    pub image_tokens: Option<ImageRule>,
+    /// `image_tokens` (docs/configuration.md#models).
+    pub image_tokens: Option<ImageTokens>,
     pub image_tokens_unknown: Option<u64>,
     pub document_tokens_per_page: Option<u64>,
+}
+
+/// The rules a call on model `name` counts images and documents by, from `models` (a
+/// configuration's `[models.*]`, or the copy a chain keeps): each key from the listed
+/// table, else from `[models.default]`, else the defaults of the name's provider family.
+pub fn media_rules(models: &[(String, ModelTable)], name: &str) -> MediaRules {
+    let table = |n: &str| models.iter().find(|(m, _)| m == n).map(|(_, t)| t);
+    let (listed, fallback) = (table(name), table("default"));
+    let family = MediaRules::for_model(name);
+    let pick = |f: fn(&ModelTable) -> Option<u64>| listed.and_then(f).or_else(|| fallback.and_then(f));
+    MediaRules {
+        image_tokens: listed
+            .and_then(|t| t.image_tokens)
+            .or_else(|| fallback.and_then(|t| t.image_tokens))
+            .unwrap_or(family.image_tokens),
+        image_tokens_unknown: pick(|t| t.image_tokens_unknown).unwrap_or(family.image_tokens_unknown),
+        document_tokens_per_page: pick(|t| t.document_tokens_per_page)
+            .unwrap_or(family.document_tokens_per_page),
+    }
 }
 
 const KEYS: &[&str] = &[
@@ -137,7 +112,7 @@ fn model_table(reader: &Reader<'_>, model: &Table, place: &str) -> Result<ModelT
     };
     let image_tokens = match reader.string(model, "image_tokens", place)? {
         None => None,
-        Some(rule) => Some(ImageRule::parse(rule).ok_or_else(|| {
+        Some(rule) => Some(ImageTokens::parse(rule).ok_or_else(|| {
             reader.key_error(
                 model,
                 "image_tokens",
@@ -156,47 +131,4 @@ fn model_table(reader: &Reader<'_>, model: &Table, place: &str) -> Result<ModelT
         image_tokens_unknown: reader.integer(model, "image_tokens_unknown", place, 0)?,
         document_tokens_per_page: reader.integer(model, "document_tokens_per_page", place, 0)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use crate::Config;
-
-    use super::*;
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(Path::new("/x/plugins-enabled.toml"), text.to_string())
-    }
-
-    #[test]
-    fn media_rules_fall_back_key_by_key_and_bad_values_name_the_key() {
-        let config = parse(
-            "[models.default]\ndocument_tokens_per_page = 900\n[models.claude]\nimage_tokens = \"anthropic-area\"\nimage_tokens_unknown = 1200\n",
-        )
-        .unwrap();
-        assert_eq!(
-            config.media_rules("claude"),
-            MediaRules {
-                image: Some(ImageRule::AnthropicArea),
-                image_unknown: Some(1200),
-                document_per_page: 900,
-            }
-        );
-        assert_eq!(
-            config.media_rules("unlisted"),
-            MediaRules {
-                document_per_page: 900,
-                ..MediaRules::default()
-            }
-        );
-        let err = parse("[models.x]\nimage_tokens = \"tiles\"\n").unwrap_err();
-        assert!(
-            err.message
-                .contains("`image_tokens` in [models.x] must be \"openai-tiles\" or \"anthropic-area\""),
-            "{err}"
-        );
-        assert_eq!(err.line, Some(2));
-    }
 }

@@ -40,6 +40,9 @@ pub struct UpstreamConfig {
     /// `max_recall_rounds`: at most this many upstream calls answered with recall-tool
     /// results per request.
     pub max_recall_rounds: u64,
+    /// `send_over_budget`: send a history still over the model's `context_tokens` after
+    /// the chain instead of answering 400 `context_length_exceeded` (docs/proxy.md).
+    pub send_over_budget: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -53,6 +56,7 @@ impl Default for UpstreamConfig {
             ca_file: None,
             recall_tools: false,
             max_recall_rounds: DEFAULT_MAX_RECALL_ROUNDS,
+            send_over_budget: false,
         }
     }
 }
@@ -72,6 +76,7 @@ pub(super) fn read(reader: &Reader<'_>, table: &Table, base: &Path) -> Result<Up
             "ca_file",
             "recall_tools",
             "max_recall_rounds",
+            "send_over_budget",
         ],
     )?;
     let Some(url) = reader.http_url(table, "url", PLACE)? else {
@@ -108,5 +113,8 @@ pub(super) fn read(reader: &Reader<'_>, table: &Table, base: &Path) -> Result<Up
         max_recall_rounds: reader
             .integer(table, "max_recall_rounds", PLACE, 1)?
             .unwrap_or(defaults.max_recall_rounds),
+        send_over_budget: reader
+            .boolean(table, "send_over_budget", PLACE)?
+            .unwrap_or(defaults.send_over_budget),
     })
 }

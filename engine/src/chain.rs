@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plugin_api::echo;
+use plugin_api::parts::MediaRules;
 use plugin_api::structure::Faults;
 use plugin_api::{Context, Event, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice};
 
 use crate::check::check_stage;
-use crate::config::{Config, ConfigError, MediaRules, OnPluginError};
+use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
 use crate::library::{instantiate_library, load_context, table_error};
@@ -94,10 +95,9 @@ pub struct Chain {
     calls: Pool<CallResult>,
     /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
     pub(crate) required: Vec<String>,
-    /// What each listed model's media parts cost, and an unlisted one's (docs/wire-format.md#parts):
-    /// in force while a run counts tokens (`tokens::with_media_rules`).
-    media: Vec<(String, MediaRules)>,
-    media_unlisted: MediaRules,
+    /// `[models.*]`, for the rules a run's model counts images and documents by
+    /// ([`Chain::media_rules`]).
+    models: Vec<(String, crate::config::ModelTable)>,
 }
 
 /// Which entry point a run calls.
@@ -282,22 +282,8 @@ impl Chain {
             required,
             deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
             calls: Pool::new(),
-            media: config
-                .models
-                .iter()
-                .map(|(name, _)| (name.clone(), config.media_rules(name)))
-                .collect(),
-            // A name no table has: `[models.default]`'s keys, else the defaults.
-            media_unlisted: config.media_rules(""),
+            models: config.models.clone(),
         }
-    }
-
-    /// What model `name`'s media parts cost in this chain's configuration.
-    pub fn media_rules(&self, name: &str) -> MediaRules {
-        self.media
-            .iter()
-            .find(|(model, _)| model == name)
-            .map_or(self.media_unlisted, |(_, rules)| *rules)
     }
 
     /// The deadline of one plugin call (`plugin_timeout_ms`), if any.
@@ -409,6 +395,13 @@ impl Chain {
         Ok(run)
     }
 
+    /// The rules a run on model `name` counts images and documents by
+    /// (docs/configuration.md#models): the host's counts and the plugins' counts through
+    /// the host services during the run ([`tokens::with_media_rules`]).
+    pub fn media_rules(&self, name: &str) -> MediaRules {
+        crate::config::media_rules(&self.models, name)
+    }
+
     /// Runs every plugin in order, checking each output (docs/chain.md#the-output-check) and handling faults by
     /// `on_plugin_error` and `required`. Message turns and identities are derived once, here,
     /// before the first plugin (docs/wire-format.md#turns).
@@ -436,7 +429,7 @@ impl Chain {
         })
     }
 
-    /// [`Chain::run_compared`] with the model's media rules in force.
+    /// [`Chain::run_compared`] on a thread counting by the model's rules.
     fn run_counted(
         &self,
         mut history: Vec<RArc<Message>>,
@@ -490,6 +483,19 @@ impl Chain {
     /// makes it the current history; a fault is skipped or fails the run by
     /// `on_plugin_error`.
     fn run_stage(
+        &self,
+        stage: &Stage,
+        state: &mut RunState,
+        ctx: &Context,
+        shared_ctx: Option<&Arc<Context>>,
+        call: Call<'_>,
+    ) -> Result<StageReport, PluginFailure> {
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
+            self.run_stage_counted(stage, state, ctx, shared_ctx, call)
+        })
+    }
+
+    fn run_stage_counted(
         &self,
         stage: &Stage,
         state: &mut RunState,
@@ -622,10 +628,11 @@ impl Chain {
             // The caller's span (a sample run's) goes with the call to the helper thread,
             // so the plugin's log lines carry it.
             let span = tracing::Span::current();
-            let media = tokens::media_rules();
+            // The helper thread counts by the run's model too (docs/configuration.md#models).
+            let rules = tokens::current_rules().0;
             Box::new(move || {
                 span.in_scope(|| {
-                    tokens::with_media_rules(media, || {
+                    tokens::with_media_rules(rules, || {
                         logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
                     })
                 })

@@ -45,7 +45,6 @@ pub mod isolate;
 mod library;
 mod loader;
 pub mod logging;
-pub mod media;
 pub mod output;
 pub mod probe;
 mod rank_table;

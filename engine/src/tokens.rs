@@ -18,11 +18,8 @@ use std::sync::{Mutex, OnceLock};
 
 use rustc_hash::FxHasher;
 
-use plugin_api::parts::PartKind;
-use plugin_api::{Content, Message, Part, RArc, Role, Tokenizer};
-
-use crate::config::MediaRules;
-use crate::media;
+use plugin_api::parts::{MediaRules, PartKind};
+use plugin_api::{Content, Message, Part, RArc, Tokenizer};
 
 /// The per-message overhead of docs/plugins.md#token_budget's formula when nothing else is configured.
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
@@ -149,66 +146,123 @@ pub(crate) fn count_item(tokenizer: Tokenizer, text: &str) -> u64 {
     count
 }
 
-thread_local! {
-    /// The media rules of the run counting on this thread (`with_media_rules`).
-    static MEDIA_RULES: std::cell::Cell<Option<MediaRules>> = const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f` with `rules` as what media parts cost on this thread: a chain run sets its
-/// model's, and hands them to a plugin call's helper thread.
-pub fn with_media_rules<R>(rules: MediaRules, f: impl FnOnce() -> R) -> R {
-    let previous = MEDIA_RULES.with(|cell| cell.replace(Some(rules)));
-    let result = f();
-    MEDIA_RULES.with(|cell| cell.set(previous));
-    result
-}
-
-/// The media rules in force on this thread (the defaults outside a run).
-pub fn media_rules() -> MediaRules {
-    MEDIA_RULES.with(|cell| cell.get()).unwrap_or_default()
-}
-
-/// Σ tokens over a message's parts, tool calls and reasoning members
-/// (docs/wire-format.md#parts): text by the tokenizer, media and reasoning by their own
-/// rules ([`crate::media`]), any other part as its JSON text. Remembered on the message
-/// unless it holds an image or a document, whose cost depends on the model's rules.
+/// Σ tokens(item) over a message's items, remembered on the message: each part by its
+/// kind's rule under the model's [`MediaRules`] (docs/wire-format.md#part-kinds, the rules
+/// from [`with_media_rules`]), its reasoning members and its tool calls by the tokenizer.
 pub(crate) fn content_tokens(tokenizer: Tokenizer, message: &Message) -> u64 {
+    let (rules, tag) = current_rules();
     let memo = message.token_memo();
-    if let Some(count) = memo.get(tokenizer.slot()) {
-        return count;
+    if let Some(stored) = memo.get(tokenizer.slot()) {
+        // A count whose rules differ (another model with this tokenizer) is counted again;
+        // one that depends on no rules holds for every model.
+        if stored >> TAG_SHIFT == TEXT_TAG || stored >> TAG_SHIFT == tag {
+            return stored & COUNT_MASK;
+        }
     }
-    let rules = media_rules();
-    let mut by_rules = false;
-    let mut count = 0;
-    let mut part = |part: &Part| match part {
-        Part::Text { text, .. } => count_item(tokenizer, text),
-        Part::Opaque { json } => match media::opaque_tokens(tokenizer, json, &rules) {
-            Some(tokens) => {
-                by_rules |= matches!(part.kind(), PartKind::Image | PartKind::Document);
-                tokens
-            }
-            None => count_item(tokenizer, json),
-        },
-    };
-    match &message.content {
-        Content::Null => {}
-        Content::Text(text) => count += count_item(tokenizer, text),
-        Content::Parts(parts) => count += parts.iter().map(&mut part).sum::<u64>(),
+    let mut media = false;
+    let mut count = 0u64;
+    for part in parts_of(&message.content) {
+        let kind = part.kind();
+        media |= matches!(kind, PartKind::Image | PartKind::Document | PartKind::Audio);
+        if kind == PartKind::Other {
+            warn_unknown_kind(part);
+        }
+        let cost = part.cost(&rules);
+        count += cost.tokens
+            + cost
+                .texts
+                .iter()
+                .map(|text| count_item(tokenizer, text))
+                .sum::<u64>();
     }
-    for call in message.tool_calls.iter() {
-        count += count_item(tokenizer, &call.name) + count_item(tokenizer, &call.arguments);
+    if let Content::Text(text) = &message.content {
+        count += count_item(tokenizer, text);
     }
-    if message.role == Role::Assistant {
-        count += message
-            .extra
-            .iter()
-            .map(|m| media::reasoning_member_tokens(tokenizer, &m.key, &m.json))
-            .sum::<u64>();
-    }
-    if !by_rules {
-        memo.set(tokenizer.slot(), count);
-    }
+    count += message
+        .reasoning_texts()
+        .map(|text| count_item(tokenizer, &text))
+        .sum::<u64>();
+    count += message
+        .tool_calls
+        .iter()
+        .map(|call| count_item(tokenizer, &call.name) + count_item(tokenizer, &call.arguments))
+        .sum::<u64>();
+    let count = count.min(COUNT_MASK);
+    memo.set(
+        tokenizer.slot(),
+        ((if media { tag } else { TEXT_TAG }) << TAG_SHIFT) | count,
+    );
     count
+}
+
+fn parts_of(content: &Content) -> &[Part] {
+    match content {
+        Content::Parts(parts) => parts.as_slice(),
+        _ => &[],
+    }
+}
+
+/// A message's memo holds `tag << TAG_SHIFT | count`: the tag says which rules the count
+/// was made under. [`TEXT_TAG`]: a count no rule changes (no image, document or audio);
+/// another tag: a hash of the [`MediaRules`] (stable from process to process, as the
+/// session store keeps counts). A count stored before tags (tag 0) is counted again.
+const TAG_SHIFT: u32 = 48;
+const COUNT_MASK: u64 = (1 << TAG_SHIFT) - 1;
+const TEXT_TAG: u64 = 1;
+
+fn rules_tag(rules: &MediaRules) -> u64 {
+    let hash = BuildHasherDefault::<FxHasher>::default().hash_one(rules);
+    2 + hash % 0xfffe
+}
+
+thread_local! {
+    /// The rules of the model of the run this thread counts for (see [`with_media_rules`]).
+    static RULES: std::cell::Cell<Option<(MediaRules, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with this thread counting images and documents by `rules`, the model of the
+/// run's (`[models.NAME]`, docs/configuration.md#models). The host sets it around every
+/// chain run and every plugin call, on the thread the call runs on, so a plugin's counts
+/// through the host services use its call's model without any change of the ABI. A
+/// thread without it (one a plugin started itself) counts by OpenAI's family defaults.
+pub fn with_media_rules<T>(rules: MediaRules, f: impl FnOnce() -> T) -> T {
+    let before = RULES.with(|cell| cell.replace(Some((rules, rules_tag(&rules)))));
+    struct Restore(Option<(MediaRules, u64)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RULES.with(|cell| cell.set(self.0));
+        }
+    }
+    let _restore = Restore(before);
+    f()
+}
+
+/// The rules this thread counts by, and their tag.
+pub(crate) fn current_rules() -> (MediaRules, u64) {
+    RULES
+        .with(|cell| cell.get())
+        .unwrap_or_else(|| (MediaRules::OPENAI, rules_tag(&MediaRules::OPENAI)))
+}
+
+/// Logs once per process each part type the host does not know (counted as its JSON text).
+fn warn_unknown_kind(part: &Part) {
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let name = part.type_name().unwrap_or("(no type)");
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounded: past 64 names, nothing more is remembered or logged.
+    if seen.len() < 64 && !seen.iter().any(|n| n == name) {
+        seen.push(name.to_string());
+        tracing::warn!(
+            "a content part of type {} is not a kind the host knows: counted as its JSON text (docs/wire-format.md#part-kinds)",
+            plugin_api::echo::quoted(name)
+        );
+    }
+}
+
+/// Σ tokens over `items`, each through the content cache: how a message was counted before
+/// part kinds (every part as its text or JSON text), kept for `cargo xtask bench`'s ratio.
+pub fn items_tokens<'a>(tokenizer: Tokenizer, items: impl Iterator<Item = &'a str>) -> u64 {
+    items.map(|item| count_item(tokenizer, item)).sum()
 }
 
 /// A message's tokens: `per_message + Σ tokens(item)`.
@@ -274,9 +328,42 @@ mod tests {
         // Other tests may tokenize concurrently, but never this message's bytes again
         // through this call: the memo answered.
         assert_eq!(
-            history[0].token_memo().get(Tokenizer::O200kBase.slot()),
+            history[0]
+                .token_memo()
+                .get(Tokenizer::O200kBase.slot())
+                .map(|m| m & COUNT_MASK),
             Some(first)
         );
         let _ = before;
+    }
+
+    #[test]
+    fn an_image_costs_its_tiles_not_its_base64_and_each_model_counts_by_its_rules() {
+        use plugin_api::parts::samples::{image_url_part, png};
+        let part = image_url_part("image/png", &png(1024, 1024), Some("high"));
+        let history = history_from_str(&format!(
+            r#"[{{"role":"user","content":[{{"type":"text","text":"hello world"}},{part}],"reasoning_content":"hello world"}}]"#
+        ))
+        .unwrap();
+        let before = bytes_tokenized();
+        let openai = with_media_rules(MediaRules::OPENAI, || {
+            content_tokens(Tokenizer::O200kBase, &history[0])
+        });
+        assert_eq!(openai, 2 + 765 + 2);
+        // The base64 (over a megabyte) was never handed to the tokenizer.
+        assert!(bytes_tokenized() - before < 1000);
+        // The same message on an Anthropic model: its rule, not the count remembered above.
+        let anthropic = with_media_rules(MediaRules::ANTHROPIC, || {
+            content_tokens(Tokenizer::O200kBase, &history[0])
+        });
+        assert_eq!(anthropic, 2 + 1399 + 2);
+        // And back: the memo's tag says which rules it holds.
+        assert_eq!(
+            with_media_rules(MediaRules::OPENAI, || content_tokens(
+                Tokenizer::O200kBase,
+                &history[0]
+            )),
+            openai
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! nothing is invented.
 //!
 //! It lives here, in the crate every plugin depends on, so that a plugin's own tests run
-//! the very code the host runs ([`crate::testing::check`]): an output the host would
+//! the very code the host runs (`plugin_testing::check`): an output the host would
 //! refuse fails the author's `cargo test` with the host's message.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};

@@ -97,6 +97,17 @@ impl ConfigTable {
         }
     }
 
+    /// An integer ≥ 0, or the string `word` (`Some(None)`), e.g. `keep_thinking_turns =
+    /// "all"`.
+    pub fn u64_or(&mut self, key: &str, word: &str) -> Result<Option<Option<u64>>, ConfigError> {
+        match self.entries.remove(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(Some(n.as_u64())),
+            Some(Value::String(s)) if s == word => Ok(Some(None)),
+            Some(other) => Err(self.error(key, &format!("an integer ≥ 0 or \"{word}\""), &other)),
+        }
+    }
+
     /// An integer ≥ 1.
     pub fn positive(&mut self, key: &str) -> Result<Option<u64>, ConfigError> {
         match self.u64(key)? {

@@ -87,11 +87,27 @@ extern "C" fn chars4_text(_: Tokenizer, text: RStr<'_>) -> u64 {
     (text.as_str().chars().count() as u64).div_ceil(4)
 }
 
+/// `chars4` over what the host counts (docs/wire-format.md#part-kinds): each part by its
+/// kind under OpenAI's family rules, texts and calls by ⌈characters / 4⌉.
 extern "C" fn chars4_content(_: Tokenizer, message: &Message) -> u64 {
-    message
-        .token_items()
-        .map(|item| (item.chars().count() as u64).div_ceil(4))
-        .sum()
+    let chars4 = |text: &str| (text.chars().count() as u64).div_ceil(4);
+    let parts: u64 = match &message.content {
+        plugin_api::Content::Parts(parts) => parts
+            .iter()
+            .map(|part| {
+                let cost = part.cost(&plugin_api::parts::MediaRules::OPENAI);
+                cost.tokens + cost.texts.iter().map(|t| chars4(t)).sum::<u64>()
+            })
+            .sum(),
+        plugin_api::Content::Text(text) => chars4(text),
+        plugin_api::Content::Null => 0,
+    };
+    let calls: u64 = message
+        .tool_calls
+        .iter()
+        .map(|call| chars4(&call.name) + chars4(&call.arguments))
+        .sum();
+    parts + calls + message.reasoning_texts().map(|t| chars4(&t)).sum::<u64>()
 }
 
 extern "C" fn discard(_: LogLevel, _: RStr<'_>) {}

@@ -203,6 +203,9 @@ pub async fn chat_completions(
             (stateless.run, stateless.unknown_model)
         }
     };
+    if !upstream.send_over_budget {
+        over_budget(&app, &run, model.as_deref(), unknown_model.is_some())?;
+    }
     // The sent history written once, straight to JSON text (no Value in between), as a
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = history_wire::chat::provider_history_to_string(&run.history);
@@ -254,6 +257,31 @@ pub async fn chat_completions(
         }
     }
     Ok(response)
+}
+
+/// A history still over the model's `context_tokens` after the chain is answered as the
+/// provider would, 400 `context_length_exceeded`, before anything goes upstream, unless
+/// `[upstream] send_over_budget = true` (docs/proxy.md#over-budget).
+fn over_budget(app: &App, run: &history_engine::ChainRun, model: Option<&str>, unknown: bool) -> Result<()> {
+    let name = match model {
+        Some(name) if !unknown => name,
+        _ => "default",
+    };
+    let limit = app.service.config().model(name).context_tokens;
+    if run.tokens_out <= limit {
+        return Ok(());
+    }
+    Err(OpenAiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "context_length_exceeded",
+        format!(
+            "This model's maximum context length is {limit} tokens. However, your messages resulted in {} \
+             tokens after the history chain ({} before). Nothing was sent upstream; configure the chain to \
+             fit (token_budget, tool_result_filter max_result_tokens) or set [upstream] send_over_budget = true.",
+            run.tokens_out, run.tokens_in
+        ),
+    ))
 }
 
 /// The visitor methods of every JSON value but an object or array, each answering `$other`.

@@ -55,6 +55,8 @@ pub struct Upstream {
     /// `recall_tools`: a session's chat requests offer the model the recall tools
     /// (docs/mcp.md#the-proxy), at most `max_recall_rounds` rounds of them.
     pub(crate) recall_rounds: Option<u64>,
+    /// `send_over_budget`: a history over the model's `context_tokens` still goes upstream.
+    pub(crate) send_over_budget: bool,
 }
 
 impl Upstream {
@@ -80,6 +82,7 @@ impl Upstream {
             read_timeout: Duration::from_secs(config.read_timeout_s),
             permits: Arc::new(Semaphore::new(config.max_connections as usize)),
             recall_rounds: config.recall_tools.then_some(config.max_recall_rounds),
+            send_over_budget: config.send_over_budget,
         })
     }
 

@@ -64,8 +64,7 @@ def compact(value):
 
 
 def items(message):
-    """The items docs/plugins.md#token_budget counts: text parts, opaque parts (their JSON, an
-    image by its own rule: `tokens`), call names, arguments."""
+    """The items docs/plugins.md#token_budget counts: text parts, opaque parts' JSON, call names, arguments."""
     content = message.get("content")
     if isinstance(content, str):
         yield content
@@ -82,19 +81,8 @@ def items(message):
         yield arguments if isinstance(arguments, str) else compact(arguments)
 
 
-# An image part the host cannot read the size of (a URL) costs the tiles rule's unknown
-# (docs/wire-format.md#parts), not its JSON text.
-UNKNOWN_IMAGE_TOKENS = 765
-
-
 def tokens(message):
-    cost = PER_MESSAGE_TOKENS
-    for item in items(message):
-        if item.startswith('{"type":"image_url"'):
-            cost += UNKNOWN_IMAGE_TOKENS
-        else:
-            cost += chars4(item)
-    return cost
+    return PER_MESSAGE_TOKENS + sum(chars4(item) for item in items(message))
 
 
 def words(rng, low, high):

@@ -199,6 +199,18 @@ fn copy_dir(from: &Path, to: &Path) {
             }
         }
     }
+    // What the source no longer has goes (a module moved into a folder would clash).
+    for entry in std::fs::read_dir(to).unwrap() {
+        let entry = entry.unwrap();
+        if !from.join(entry.file_name()).exists() {
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                std::fs::remove_dir_all(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+    }
 }
 
 /// A temporary plugin folder holding the shipped `default` plus `libraries`.

@@ -280,6 +280,11 @@ impl IsolatedPlugin {
             }
         }
         request.context(ctx);
+        // The worker counts this call's images and documents by the run's model's rules.
+        let rules = crate::tokens::current_rules().0;
+        request.u8(rules.image_tokens as u8);
+        request.u64(rules.image_tokens_unknown);
+        request.u64(rules.document_tokens_per_page);
         request.len(history.len());
         for message in history {
             request.message(message);

@@ -31,6 +31,7 @@ use super::codec::{Decoded, Decoder, Encoder, Malformed};
 use super::framing::{self, FrameReader, ReadFailure};
 use crate::library::PluginLibrary;
 use crate::services;
+use plugin_api::parts::{ImageTokens, MediaRules};
 
 /// Where frames go: the real stdout, shared by the call's answer and the plugin's log
 /// lines (which may come from any thread the plugin starts).
@@ -267,6 +268,15 @@ fn call(instance: &PluginBox, payload: &[u8]) -> Decoded<Encoder> {
         _ => return Err(Malformed("an unknown call".into())),
     };
     let ctx = request.context(SERVICES)?;
+    let rules = MediaRules {
+        image_tokens: match request.u8()? {
+            0 => ImageTokens::OpenaiTiles,
+            1 => ImageTokens::AnthropicArea,
+            _ => return Err(Malformed("an unknown image_tokens rule".into())),
+        },
+        image_tokens_unknown: request.u64()?,
+        document_tokens_per_page: request.u64()?,
+    };
     let count = request.len()?;
     let mut history: Vec<RArc<Message>> = Vec::with_capacity(count);
     for _ in 0..count {
@@ -275,10 +285,10 @@ fn call(instance: &PluginBox, payload: &[u8]) -> Decoded<Encoder> {
     request.finish()?;
     let input = RSlice::from_slice(&history);
     IN_CALL.store(true, Ordering::SeqCst);
-    let result = match &switch {
+    let result = crate::tokens::with_media_rules(rules, || match &switch {
         None => instance.process(input, &ctx),
         Some((old, new)) => instance.on_model_switch(input, &ctx, old, new),
-    };
+    });
     IN_CALL.store(false, Ordering::SeqCst);
     let output = match result {
         RResult::ROk(output) => output,

@@ -330,6 +330,11 @@ fn merge(run: &[Node]) -> Node {
             }
         }
     }
+    if merged.role == plugin_api::Role::Assistant {
+        // Reasoning (a thinking block) first, as Anthropic requires of an assistant turn:
+        // a merge never puts one after the earlier message's text (docs/plugins.md#role_pair).
+        reasoning_first(&mut parts, any_policy.then_some(&mut policies));
+    }
     merged.content = if parts.is_empty() {
         Content::Null
     } else {
@@ -344,6 +349,21 @@ fn merge(run: &[Node]) -> Node {
         index: first.index,
         call_sources,
     }
+}
+
+/// Moves the reasoning parts before the others, each group in its order, and the
+/// retention policy's entries with them when it has one per part.
+fn reasoning_first(parts: &mut Vec<Part>, policies: Option<&mut Vec<ROption<u64>>>) {
+    let is_reasoning = |p: &Part| p.kind() == plugin_api::parts::PartKind::Reasoning;
+    if !parts.iter().skip_while(|p| is_reasoning(p)).any(is_reasoning) {
+        return;
+    }
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&i| !is_reasoning(&parts[i]));
+    if let Some(policies) = policies.filter(|p| p.len() == parts.len()) {
+        *policies = order.iter().map(|&i| policies[i]).collect();
+    }
+    *parts = order.iter().map(|&i| parts[i].clone()).collect();
 }
 
 fn policy(message: &Message) -> Option<&RVec<ROption<u64>>> {
@@ -484,6 +504,28 @@ mod tests {
         );
         assert!(out.events.is_empty());
         assert_eq!(out.history.len(), 5);
+    }
+
+    #[test]
+    fn a_merge_never_puts_a_thinking_block_after_text() {
+        let history = plugin_testing::history(
+            r#"[{"role":"user","content":"q"},
+                {"role":"assistant","content":"first answer"},
+                {"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"sig"},{"type":"text","text":"second"}]}]"#,
+        );
+        let plugin = RolePair::new(&plugin_testing::load_context(r#"{"mode":"merge"}"#)).unwrap();
+        let out = plugin
+            .process(&history, &plugin_testing::context(200, 1))
+            .unwrap();
+        assert_eq!(out.history.len(), 2);
+        let parts = out.history[1].content.to_parts();
+        let kinds: Vec<&str> = parts.iter().map(|p| p.type_name().unwrap_or("")).collect();
+        assert_eq!(kinds, ["thinking", "text", "text"]);
+        assert_eq!(
+            parts[0],
+            history[2].content.to_parts()[0],
+            "the block byte for byte"
+        );
     }
 
     #[test]

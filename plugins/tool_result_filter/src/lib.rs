@@ -6,6 +6,8 @@
 //! placeholder. The original stays in `metadata.original_content` (unless
 //! `preserve_original = false`) so the agent can ask for it back (docs/plugins.md#expansion).
 
+mod cut;
+
 use std::collections::{HashMap, HashSet};
 
 use plugin_api::structure::{answered_call_refs, tool_name, CallRef};
@@ -34,6 +36,8 @@ pub struct ToolResultFilter {
     clear_at_least: u64,
     clear_tool_inputs: bool,
     preserve_original: bool,
+    /// `max_result_tokens`: a longer result is cut to its head and tail (`cut`).
+    max_result_tokens: Option<u64>,
 }
 
 impl ToolResultFilter {
@@ -139,6 +143,10 @@ impl HistoryPlugin for ToolResultFilter {
             "preserve_original",
             "keep original_content and can_expand for expansion (default true)",
         ),
+        (
+            "max_result_tokens",
+            "a kept tool result over this many tokens is cut to its head and tail (default: none)",
+        ),
     ];
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
@@ -185,6 +193,7 @@ impl HistoryPlugin for ToolResultFilter {
         let clear_at_least = config.u64("clear_at_least")?.unwrap_or(0);
         let clear_tool_inputs = config.bool("clear_tool_inputs")?.unwrap_or(false);
         let preserve_original = config.bool("preserve_original")?.unwrap_or(true);
+        let max_result_tokens = config.positive("max_result_tokens")?;
         config.finish()?;
         Ok(ToolResultFilter {
             strategy,
@@ -195,10 +204,25 @@ impl HistoryPlugin for ToolResultFilter {
             clear_at_least,
             clear_tool_inputs,
             preserve_original,
+            max_result_tokens,
         })
     }
 
     fn process(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
+        let output = self.replace_old(history, ctx)?;
+        let Some(max) = self.max_result_tokens else {
+            return Ok(output);
+        };
+        let mut out: Vec<RArc<Message>> = output.history.into_iter().collect();
+        let mut events: Vec<Event> = output.events.into_iter().collect();
+        cut::cut_oversized(&mut out, &mut events, ctx, max, self.preserve_original);
+        Ok(Output::new(out, events))
+    }
+}
+
+impl ToolResultFilter {
+    /// The placeholders of old results by `strategy` (all but `max_result_tokens`).
+    fn replace_old(&self, history: &[RArc<Message>], ctx: &Context) -> Result<Output, String> {
         let tokenizer = ctx.model.tokenizer;
         let tool_total = history
             .iter()

@@ -157,27 +157,48 @@ fn identity(message: &Value) -> Value {
     message
 }
 
+/// A part the host reads as reasoning (docs/wire-format.md#part-kinds).
+fn is_reasoning(part: &Value) -> bool {
+    matches!(
+        part["type"].as_str(),
+        Some("thinking" | "redacted_thinking" | "reasoning")
+    )
+}
+
+/// A message's parts split into its reasoning parts and the others, each in order.
+fn split_parts(parts: Vec<Value>) -> (Vec<Value>, Vec<Value>) {
+    parts.into_iter().partition(is_reasoning)
+}
+
 /// Whether `output` is a merge of same-role input messages starting at `first`: its
-/// parts and calls are those of `first` and of some later same-role messages, in order.
+/// parts and calls are those of `first` and of some later same-role messages, in order —
+/// an assistant's reasoning parts first (docs/plugins.md#role_pair), the others after,
+/// each group in order.
 fn is_merge_from(input: &[Value], first: usize, output: &Value) -> bool {
     if role(&input[first]) != role(output) || identity(&input[first]) != identity(output) {
         return false;
     }
-    let (want_parts, want_calls) = (parts(output), calls(output));
-    let (mut p, mut c) = (0, 0);
+    let out_parts = parts(output);
+    if role(output) == "assistant" && out_parts.iter().skip_while(|p| is_reasoning(p)).any(is_reasoning) {
+        return false;
+    }
+    let ((want_r, want_o), want_calls) = (split_parts(out_parts), calls(output));
+    let (mut r, mut o, mut c) = (0, 0, 0);
     for (j, message) in input.iter().enumerate().skip(first) {
         if role(message) != role(output) {
             continue;
         }
-        let (mp, mc) = (parts(message), calls(message));
-        let fits = want_parts[p..].starts_with(&mp) && want_calls[c..].starts_with(&mc);
+        let ((mr, mo), mc) = (split_parts(parts(message)), calls(message));
+        let fits =
+            want_r[r..].starts_with(&mr) && want_o[o..].starts_with(&mo) && want_calls[c..].starts_with(&mc);
         if fits {
-            p += mp.len();
+            r += mr.len();
+            o += mo.len();
             c += mc.len();
         } else if j == first {
             return false;
         }
-        if p == want_parts.len() && c == want_calls.len() {
+        if r == want_r.len() && o == want_o.len() && c == want_calls.len() {
             return true;
         }
     }

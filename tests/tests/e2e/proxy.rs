@@ -27,7 +27,7 @@ fn python() -> PathBuf {
 }
 
 /// Runs tests/py/openai_client.py with `spec`; its JSON answer.
-fn openai_client(spec: &Value) -> Value {
+pub(crate) fn openai_client(spec: &Value) -> Value {
     let mut child = Command::new(python())
         .arg(workspace_root().join("tests/py/openai_client.py"))
         .stdin(Stdio::piped())
@@ -51,7 +51,7 @@ fn openai_client(spec: &Value) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-fn start(config: &TestConfig, upstream: &str) -> Server {
+pub(crate) fn start(config: &TestConfig, upstream: &str) -> Server {
     let store = config.dir.path().join("sessions.db");
     Server::try_start(
         &config.path,

@@ -360,15 +360,17 @@ pin_first_user = false
 #[test]
 fn items_are_counted_separately_and_role_name_and_ids_are_not() {
     // chars4 of each item: "abcde" = 2 (not 5/4 of a joint text), parts each rounded up,
-    // opaque parts as their compact JSON, call name and arguments; role, name and ids free.
+    // an opaque part of a kind the host does not know as its compact JSON (an image would
+    // cost its image rule: docs/wire-format.md#part-kinds), call name and arguments; role,
+    // name and ids free.
     let input = r#"[
         {"role":"user","content":[{"type":"text","text":"abcde"},{"type":"text","text":"a"}],"name":"a-very-long-name"},
-        {"role":"assistant","content":[{"type":"image_url","image_url":{"url":"x"}}],
+        {"role":"assistant","content":[{"type":"x_custom","x_custom":{"url":"xyz"}}],
          "tool_calls":[{"id":"a-very-long-call-id","type":"function","function":{"name":"abcde","arguments":"{\"q\":1}"}}]},
         {"role":"tool","tool_call_id":"a-very-long-call-id","content":"abcd"}]"#;
     // user: 3 + 2 + 1 = 6. assistant: 3 + the opaque part's compact JSON + name "abcde" 2
     // + arguments {"q":1} 2. tool: 3 + 1 = 4.
-    let opaque = r#"{"type":"image_url","image_url":{"url":"x"}}"#;
+    let opaque = r#"{"type":"x_custom","x_custom":{"url":"xyz"}}"#;
     assert_eq!(opaque.chars().count(), 44);
     // 44 chars → 11 tokens: assistant = 3 + 11 + 2 + 2 = 18; total 6 + 18 + 4 = 28.
     let fits = config("max_tokens = 28\npin_first_user = false");
@@ -463,7 +465,14 @@ fn langchain_trim_messages_agrees_except_where_the_spec_differs() {
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let history = case["history"].as_array().unwrap();
-        let input = case["history"].to_string();
+        // The fixtures' counter measured an image part as its JSON text, as the host did
+        // before part kinds; the host now counts an image by its model's rule
+        // (docs/wire-format.md#part-kinds). The same part under a type the host does not
+        // know, of the same length, is measured as its JSON text still, so both sides count
+        // alike and LangChain's selections hold.
+        let input = case["history"]
+            .to_string()
+            .replace("\"image_url\"", "\"image_uri\"");
         let budget = case["max_tokens"].as_u64().unwrap();
         // The same counter on both sides: the host's chars4 total equals the script's.
         let parsed = history_wire::chat::history_from_str(&input).unwrap();
