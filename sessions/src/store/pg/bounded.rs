@@ -225,9 +225,7 @@ impl Shared {
     /// A new connection within the connect timeout and one statement's. Its driver runs
     /// as a task on the store's runtime until the client is dropped.
     pub(super) async fn connect(self: &Arc<Self>) -> Result<Client, StoreError> {
-        self.connecting(false)
-            .await
-            .map(|(client, _)| client)
+        self.connecting(false).await.map(|(client, _)| client)
     }
 
     /// A connection for the pool: [`Shared::connect`] with its statements prepared (the
@@ -378,7 +376,10 @@ mod tests {
     #[tokio::test]
     async fn a_job_past_its_bound_is_a_503_at_the_bound() {
         let shared = shared(5_000);
-        assert_eq!(shared.within(Duration::from_secs(1), async { 7 }).await.unwrap(), 7);
+        assert_eq!(
+            shared.within(Duration::from_secs(1), async { 7 }).await.unwrap(),
+            7
+        );
         let started = Instant::now();
         let late = shared
             .within(

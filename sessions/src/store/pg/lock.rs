@@ -17,7 +17,7 @@ use tokio_postgres::error::SqlState;
 use tokio::runtime::Handle;
 
 use super::bounded::{Pooled, Shared};
-use super::sql::{check_written, Params, session_of, trips, ReadRows, Reads, WriteParams};
+use super::sql::{check_written, session_of, trips, Params, ReadRows, Reads, WriteParams};
 use super::{block, connection, err, load_on, written_id, PgStore};
 use crate::store::{HostCopy, Locked, SessionLock, SessionWrite, StoreError, StoredSession};
 
@@ -102,7 +102,9 @@ impl PgStore {
                     lock_wait,
                 })));
             }
-            Err(StoreError::unavailable("the database closed two connections in a row"))
+            Err(StoreError::unavailable(
+                "the database closed two connections in a row",
+            ))
         })?
     }
 }
@@ -147,10 +149,7 @@ async fn commit_on(
     let session: Params<1> = [&id];
     trips(1);
     let Some(waits) = relock else {
-        let (written, unlock) = tokio::join!(
-            change.run(&c.client, s),
-            c.client.query(&s.unlock, &session)
-        );
+        let (written, unlock) = tokio::join!(change.run(&c.client, s), c.client.query(&s.unlock, &session));
         return written.and_then(|rows| unlock.map(|_| rows));
     };
     let timeouts: Params<2> = [&waits.0, &waits.1];
@@ -202,9 +201,7 @@ impl SessionLock for PgLock {
             return Err(StoreError::new("a session lock commits its own session only"));
         }
         let statement_timeout = self.shared.limits.statement_timeout;
-        let relock = self
-            .released
-            .then(|| waits(self.lock_wait, statement_timeout));
+        let relock = self.released.then(|| waits(self.lock_wait, statement_timeout));
         let limit = match relock {
             Some(_) => self.lock_wait + statement_timeout,
             None => statement_timeout,
@@ -241,7 +238,9 @@ impl Drop for PgLock {
         let _ = block(&self.runtime, async move {
             let limit = shared.limits.statement_timeout;
             let unlocked = shared
-                .within(limit, async { c.client.query(&c.statements.unlock, &[&id]).await })
+                .within(limit, async {
+                    c.client.query(&c.statements.unlock, &[&id]).await
+                })
                 .await
                 .map(|a| a.map(drop).map_err(err));
             drop(shared.settle(c, unlocked, |_| false));

@@ -83,9 +83,8 @@ const WRITE: &str = "WITH u AS (UPDATE sessions SET model = $2, effective_ctx = 
 /// trip (the caller counts it).
 pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
     use Type as T;
-    let read_row = format!(
-        "SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2"
-    );
+    let read_row =
+        format!("SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2");
     let write_types = [
         T::TEXT,
         T::TEXT,
@@ -109,7 +108,18 @@ pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgre
         T::TEXT_ARRAY,
         T::INT8_ARRAY,
     ];
-    let (settings, lock, unlock, set_timeouts, reset_timeouts, version, read_row, read_transcript, read_copies, write) = tokio::join!(
+    let (
+        settings,
+        lock,
+        unlock,
+        set_timeouts,
+        reset_timeouts,
+        version,
+        read_row,
+        read_transcript,
+        read_copies,
+        write,
+    ) = tokio::join!(
         client.batch_execute("SET jit = off; SET plan_cache_mode = force_generic_plan"),
         client.prepare_typed(LOCK, &[T::TEXT]),
         client.prepare_typed(UNLOCK, &[T::TEXT]),
@@ -290,7 +300,11 @@ impl Reads {
                     WorkingRef::Copy(key) => Some(big(*key)),
                     WorkingRef::Transcript(_) => None,
                 });
-                (Some(big(held.version)), seq_ranges(seqs.collect()), keys.collect())
+                (
+                    Some(big(held.version)),
+                    seq_ranges(seqs.collect()),
+                    keys.collect(),
+                )
             }
             None => (None, Vec::new(), Vec::new()),
         };
