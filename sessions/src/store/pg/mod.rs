@@ -10,9 +10,15 @@
 //! - the schema is versioned and migrated on start under an advisory lock, so hosts
 //!   starting together migrate once.
 //!
-//! The client is the synchronous `postgres` crate with an `r2d2` pool: the [`Store`] trait
-//! is synchronous and the service calls it on blocking threads. Every wait for the
-//! database is bounded (`bounded`, `[store]` in docs/configuration.md).
+//! The client is `tokio-postgres` with a `deadpool` pool (docs/scaling-out.md#crate-choice).
+//! The [`Store`] trait is synchronous and the service calls it on blocking threads: the
+//! store owns a small runtime of its own, where its connections' drivers run, and each
+//! call runs its operation there as a task and waits for the answer on a channel
+//! ([`block`]). That works from any thread — `Handle::block_on` would panic on an async
+//! one, where a session's lock may be dropped — and keeps the store's sockets off the
+//! service's runtime. A turn's statements are pipelined on one client (futures polled
+//! together, `lock`), every value a typed parameter (`sql`). Every wait for the database
+//! is bounded (`bounded`, `[store]` in docs/configuration.md).
 
 mod bounded;
 mod lock;
