@@ -320,6 +320,7 @@ mod tests {
                 "tokio-postgres",
                 "r2d2",
                 "r2d2_postgres",
+                "deadpool",
                 "deadpool-postgres",
                 "bb8",
                 "sqlx",

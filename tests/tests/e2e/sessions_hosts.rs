@@ -585,3 +585,44 @@ fn a_database_of_an_older_host_is_migrated_and_its_sessions_go_on() {
         "the new turn's message is stored with its counts: {counted:?}"
     );
 }
+
+/// docs/scaling-out.md#round-trips: a turn is two round trips to PostgreSQL, the lock
+/// with the session's reads and the write with the unlock (each pipelined), on one host
+/// and alternating between two (each of those reads the session back in the first).
+/// `history_store_round_trips_total` counts them; a pooled connection opened meanwhile
+/// adds its one round trip of preparation, at most one per host here.
+#[test]
+fn a_turn_makes_two_round_trips_to_the_database() {
+    if postgres_url("sessions_hosts::a_turn_makes_two_round_trips_to_the_database").is_none() {
+        return;
+    }
+    const TRIPS: &str = "history_store_round_trips_total";
+    let config = shipped_config("", &[]);
+    let store = TestStore::new(Kind::Postgres, &config);
+    let a = Server::start(&config.path, store.path(), &[]);
+    let b = Server::start(&config.path, store.path(), &[]);
+    let id = a.create("local-8k");
+    let turn = |host: &Server, k: usize| {
+        let body = j!({"messages": [{"role": "user", "content": format!("turn {k}")}]});
+        let answer = host.post(&format!("/v1/sessions/{id}/turns"), &body);
+        assert_eq!(answer.status, 200, "{answer:?}");
+    };
+    // Each host's pooled connection opened (and its statements prepared) first.
+    turn(&a, 0);
+    turn(&b, 1);
+    for (hosts, turns) in [(vec![&a], 10), (vec![&a, &b], 10)] {
+        let before: u64 = [&a, &b].iter().map(|h| h.metric(TRIPS)).sum();
+        for k in 0..turns {
+            turn(hosts[k % hosts.len()], k + 2);
+        }
+        let made = [&a, &b].iter().map(|h| h.metric(TRIPS)).sum::<u64>() - before;
+        let turns = turns as u64;
+        assert!(
+            (2 * turns..=2 * turns + 2).contains(&made),
+            "{made} round trips for {turns} turns on {} host(s)",
+            hosts.len()
+        );
+    }
+    assert_eq!(a.stop().code(), Some(0));
+    assert_eq!(b.stop().code(), Some(0));
+}

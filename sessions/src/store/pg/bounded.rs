@@ -1,59 +1,56 @@
-//! Every wait for PostgreSQL bounded (docs/scaling-out.md#when-the-database-is-unreachable).
+//! Every wait for PostgreSQL bounded (docs/scaling-out.md#when-the-database-is-unreachable),
+//! and the pool.
 //!
-//! The synchronous client has no timeout of its own on an answer: a database that stops
-//! answering (a partition whose packets go nowhere, a server that hangs) would hold the
-//! calling thread, and with it the session, for as long as TCP takes to give up. So each
-//! round trip runs on a helper thread while the caller waits at most its bound
-//! ([`Shared::within`]); past it the caller gets a 503 and goes on, and the connection is
-//! poisoned: never given back to the pool (its session lock, if any, dies with it).
-//! Connecting is bounded the same way (the crate's `connect_timeout` covers only the TCP
-//! connection, not PostgreSQL's start-up).
+//! Each operation is a future on the store's runtime (`super::PgStore::block`), bounded by
+//! [`Shared::within`]: past its bound the caller gets a 503 and goes on, and the
+//! connection it used is dropped, never given back to the pool ([`Pooled`]; its session
+//! lock, if any, dies with it). Connecting is bounded the same way (the client's
+//! `connect_timeout` covers only the TCP connection, not PostgreSQL's start-up), and TCP
+//! keepalive and user timeout end a connection whose peer is gone.
 //!
 //! Once the database is found unreachable, operations fail at once instead of each
 //! waiting its bound, and one attempt at a time reaches for it again, with backoff; the
 //! connections pooled before the outage are dropped. The service logs the outage
 //! (`service/outage.rs`).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use deadpool::managed::{self, Metrics, Object, RecycleError, RecycleResult};
 use history_engine::StoreLimits;
-use postgres::NoTls;
+use tokio_postgres::{Client, NoTls};
 
 use super::err;
-use super::sql::{prepare_sql, trips};
+use super::sql::{prepare, trips, Statements};
 use crate::store::StoreError;
 
 /// The first wait before the database is tried again once it is found unreachable; it
 /// doubles with each failed attempt up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// How often a waiting caller looks whether the store was found unreachable meanwhile.
+/// How often a waiting operation looks whether the store was found unreachable meanwhile.
 const SLICE: Duration = Duration::from_millis(50);
 
-/// A pooled connection: the client, whether it must not go back to the pool, and the
-/// outage count when it was made (one made before the last outage is not used again).
+/// A pooled connection: the client, its prepared statements, and the outage count when it
+/// was made (one made before the last outage is not used again).
 pub(super) struct Conn {
-    pub(super) client: postgres::Client,
-    poisoned: Arc<AtomicBool>,
+    pub(super) client: Client,
+    pub(super) statements: Statements,
     generation: u64,
 }
 
-/// What the store, its pool's manager and its helpers share.
+/// What the store, its pool's manager and its probes share.
 pub(super) struct Shared {
     pub(super) limits: StoreLimits,
-    config: postgres::Config,
+    config: tokio_postgres::Config,
     /// Counts the outages: connections of an earlier one are dropped.
     generation: AtomicU64,
     down: Mutex<Option<Down>>,
-    helpers: Mutex<Vec<Helper>>,
     /// A probe of the database runs ([`Shared::probe`]).
     probing: AtomicBool,
 }
-
-type Job = Box<dyn FnOnce() + Send>;
 
 /// The database found unreachable.
 struct Down {
@@ -67,7 +64,7 @@ struct Down {
 impl Shared {
     /// `config` with the bounds of `limits`: connecting, TCP keepalive and user timeout,
     /// and the connection's `statement_timeout`.
-    pub(super) fn new(mut config: postgres::Config, limits: StoreLimits) -> Arc<Shared> {
+    pub(super) fn new(mut config: tokio_postgres::Config, limits: StoreLimits) -> Arc<Shared> {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(limits.connect_timeout);
         }
@@ -89,30 +86,25 @@ impl Shared {
             config,
             generation: AtomicU64::new(0),
             down: Mutex::new(None),
-            helpers: Mutex::new(Vec::new()),
             probing: AtomicBool::new(false),
         })
     }
 
-    /// Runs `job` on a helper thread and waits at most `limit` for it, or less once the
-    /// database is found unreachable by another operation. A job that outlives its wait
-    /// finishes on its helper, and what it returns is dropped there. A wait longer than a
-    /// statement's (a session's lock, which the database may rightly take long to give)
-    /// probes the database once it has waited that long: a database that does not answer
-    /// the probe either is unreachable, and the wait ends.
-    pub(super) fn within<T: Send + 'static>(
+    /// `job` within `limit`, or less once the database is found unreachable by another
+    /// operation. A wait longer than a statement's (a session's lock, which the database
+    /// may rightly take long to give) probes the database once it has waited that long: a
+    /// database that does not answer the probe either is unreachable, and the wait ends.
+    /// A job cut short is dropped (what it holds with it: see [`Pooled`]).
+    pub(super) async fn within<T>(
         self: &Arc<Self>,
         limit: Duration,
-        job: impl FnOnce() -> T + Send + 'static,
+        job: impl Future<Output = T>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let generation = self.generation.load(Ordering::SeqCst);
-        let (done, answer) = mpsc::sync_channel(1);
-        self.run(Box::new(move || {
-            let _ = done.send(job());
-        }));
         let deadline = started + limit;
         let mut probed = limit <= self.limits.statement_timeout;
+        tokio::pin!(job);
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -121,9 +113,9 @@ impl Shared {
                     limit.as_millis()
                 )));
             }
-            match answer.recv_timeout(SLICE.min(deadline - now)) {
-                Ok(value) => return Ok(value),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
+            tokio::select! {
+                value = &mut job => return Ok(value),
+                () = tokio::time::sleep(SLICE.min(deadline - now)) => {
                     if !probed && started.elapsed() >= self.limits.statement_timeout {
                         probed = true;
                         self.probe();
@@ -134,30 +126,29 @@ impl Shared {
                         ));
                     }
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(StoreError::new("a store helper thread failed"))
-                }
             }
         }
     }
 
     /// Asks the database `SELECT 1` on a new connection, within one statement's bound, on
-    /// a helper; one that does not answer is unreachable ([`Shared::failed`]). One probe
-    /// at a time.
+    /// a task of its own; one that does not answer is unreachable ([`Shared::failed`]).
+    /// One probe at a time.
     fn probe(self: &Arc<Self>) {
         if self.probing.swap(true, Ordering::SeqCst) {
             return;
         }
         let shared = self.clone();
-        self.run(Box::new(move || {
-            let config = shared.config.clone();
+        tokio::spawn(async move {
             let limit = shared.limits.statement_timeout;
+            let config = shared.config.clone();
             let answered = shared
-                .within(limit, move || {
-                    let mut client = config.connect(NoTls).map_err(err)?;
-                    client.simple_query("SELECT 1").map_err(err)?;
+                .within(limit, async move {
+                    let (client, connection) = config.connect(NoTls).await.map_err(err)?;
+                    tokio::spawn(connection);
+                    client.simple_query("SELECT 1").await.map_err(err)?;
                     Ok::<_, StoreError>(())
                 })
+                .await
                 .and_then(|answered| answered);
             match answered {
                 Err(e) if e.unavailable => shared.failed(&StoreError::unavailable(format!(
@@ -167,53 +158,9 @@ impl Shared {
                 _ => {}
             }
             shared.probing.store(false, Ordering::SeqCst);
-        }));
+        });
     }
 
-    /// `job` on an idle helper, or a new one. A helper goes back to the idle ones when
-    /// its job is done (a job that outlived its wait holds only its own helper), and ends
-    /// when the store is gone.
-    fn run(self: &Arc<Self>, job: Job) {
-        let idle = self.helpers.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let job = match idle {
-            Some(helper) => {
-                let channel = helper.0.clone();
-                match channel.send((job, helper)) {
-                    Ok(()) => return,
-                    Err(mpsc::SendError((job, _))) => job,
-                }
-            }
-            None => job,
-        };
-        let (sender, jobs) = mpsc::channel::<(Job, Helper)>();
-        let _ = sender.send((job, Helper(sender.clone())));
-        drop(sender);
-        let home = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("history-pg".into())
-            .spawn(move || {
-                while let Ok((job, helper)) = jobs.recv() {
-                    job();
-                    match home.upgrade() {
-                        Some(shared) => shared
-                            .helpers
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(helper),
-                        None => break,
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!("cannot start a store helper thread: {e}");
-        }
-    }
-}
-
-/// An idle helper thread: the way to send it a job (and itself, to come back with).
-struct Helper(mpsc::Sender<(Job, Helper)>);
-
-impl Shared {
     /// Whether an operation may reach for the database now: `Err` at once while it is
     /// unreachable and the next attempt is not due, or another attempt runs.
     pub(super) fn may_try(&self) -> Result<(), StoreError> {
@@ -270,113 +217,147 @@ impl Shared {
         }
     }
 
-    /// Whether `conn` may be used: not poisoned, not closed, not from before an outage.
+    /// Whether `conn` may be used: not closed, not from before an outage.
     pub(super) fn usable(&self, conn: &Conn) -> bool {
-        !conn.poisoned.load(Ordering::SeqCst)
-            && !conn.client.is_closed()
-            && conn.generation == self.generation.load(Ordering::SeqCst)
+        !conn.client.is_closed() && conn.generation == self.generation.load(Ordering::SeqCst)
     }
 
-    /// A new connection within the connect timeout and one statement's; with
-    /// `prepare`, its statements prepared (the schema must be there).
-    pub(super) fn connect(self: &Arc<Self>, prepare: bool) -> Result<Conn, StoreError> {
-        let config = self.config.clone();
+    /// A new connection within the connect timeout and one statement's. Its driver runs
+    /// as a task on the store's runtime until the client is dropped.
+    pub(super) async fn connect(self: &Arc<Self>) -> Result<Client, StoreError> {
+        self.connecting(false).await.map(|(client, _)| client)
+    }
+
+    /// A connection for the pool: [`Shared::connect`] with its statements prepared (the
+    /// schema must be there), in the same bound.
+    async fn pooled(self: &Arc<Self>) -> Result<Conn, StoreError> {
         let generation = self.generation.load(Ordering::SeqCst);
-        let limit = self.limits.connect_timeout + self.limits.statement_timeout;
-        let client = self
-            .within(limit, move || {
-                let mut client = config.connect(NoTls).map_err(err)?;
-                if prepare {
-                    trips(1);
-                    client.batch_execute(prepare_sql()).map_err(err)?;
-                }
-                Ok::<_, StoreError>(client)
-            })
-            .and_then(|connected| connected)
-            .map_err(|e| StoreError::unavailable(format!("cannot connect to the database: {}", e.message)))?;
-        Ok(Conn {
-            client,
-            poisoned: Arc::new(AtomicBool::new(false)),
-            generation,
-        })
+        match self.connecting(true).await? {
+            (client, Some(statements)) => Ok(Conn {
+                client,
+                statements,
+                generation,
+            }),
+            (_, None) => Err(StoreError::new("a pooled connection without its statements")),
+        }
     }
 
-    /// `f` on `conn` within `limit`: the connection back with `f`'s result, or a 503
-    /// when the database did not answer in time (the connection is then poisoned, and
-    /// stays with its helper until the call returns there).
-    pub(super) fn on<C, T>(
+    async fn connecting(
         self: &Arc<Self>,
-        mut conn: C,
-        limit: Duration,
-        f: impl FnOnce(&mut postgres::Client) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<(C, Result<T, StoreError>), StoreError>
-    where
-        C: std::ops::DerefMut<Target = Conn> + Send + 'static,
-        T: Send + 'static,
-    {
-        let poisoned = conn.poisoned.clone();
-        match self.within(limit, move || {
-            let result = f(&mut conn.client);
-            (conn, result)
-        }) {
-            Ok((conn, result)) => {
-                // An answer on a connection from before the outage (sent before it began)
-                // says nothing of the database now.
-                let current = conn.generation == self.generation.load(Ordering::SeqCst);
-                match &result {
-                    Err(e) if e.unavailable => {
-                        poisoned.store(true, Ordering::SeqCst);
-                        self.failed(e);
-                    }
-                    _ if current => self.answered(),
-                    _ => {}
-                }
-                Ok((conn, result))
+        prepare_statements: bool,
+    ) -> Result<(Client, Option<Statements>), StoreError> {
+        let config = self.config.clone();
+        let limit = self.limits.connect_timeout + self.limits.statement_timeout;
+        self.within(limit, async move {
+            let (client, connection) = config.connect(NoTls).await.map_err(err)?;
+            tokio::spawn(connection);
+            let statements = if prepare_statements {
+                // Every statement prepared in one round trip (pipelined).
+                trips(1);
+                Some(prepare(&client).await.map_err(err)?)
+            } else {
+                None
+            };
+            Ok::<_, StoreError>((client, statements))
+        })
+        .await
+        .and_then(|connected| connected)
+        .map_err(|e| StoreError::unavailable(format!("cannot connect to the database: {}", e.message)))
+    }
+
+    /// What an operation on `conn` came to, within its bound (`within`'s `Err`) or not:
+    /// the connection back when it may serve again, `None` when it was dropped (the
+    /// database did not answer, or `keep` says its state is unknown).
+    pub(super) fn settle<T>(
+        &self,
+        mut conn: Pooled,
+        result: Result<Result<T, StoreError>, StoreError>,
+        keep: impl FnOnce(&StoreError) -> bool,
+    ) -> (Option<Pooled>, Result<T, StoreError>) {
+        let result = result.and_then(|answered| answered);
+        match &result {
+            Err(e) if e.unavailable => {
+                self.failed(e);
+                return (None, result);
             }
-            Err(e) => {
-                poisoned.store(true, Ordering::SeqCst);
-                self.failed(&e);
-                Err(e)
+            Err(e) if !keep(e) => {
+                self.answered_on(&conn);
+                return (None, result);
             }
+            _ => self.answered_on(&conn),
+        }
+        conn.busy = false;
+        (Some(conn), result)
+    }
+
+    /// An answer on a connection from before the outage (sent before it began) says
+    /// nothing of the database now.
+    fn answered_on(&self, conn: &Conn) {
+        if conn.generation == self.generation.load(Ordering::SeqCst) {
+            self.answered();
         }
     }
 }
 
-impl Conn {
-    /// Never given back to the pool.
-    pub(super) fn poison(&self) {
-        self.poisoned.store(true, Ordering::SeqCst);
-    }
-}
-
-/// The pool's manager: connections made by [`Shared::connect`].
+/// The pool's manager: connections made by [`Shared::connect`]; one not
+/// [`Shared::usable`] is dropped when next checked out, without a round trip.
 pub(super) struct Manager(pub(super) Arc<Shared>);
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = Conn;
+impl managed::Manager for Manager {
+    type Type = Conn;
     type Error = StoreError;
 
-    fn connect(&self) -> Result<Conn, StoreError> {
-        self.0.connect(true)
+    async fn create(&self) -> Result<Conn, StoreError> {
+        self.0.pooled().await
     }
 
-    fn is_valid(&self, conn: &mut Conn) -> Result<(), StoreError> {
-        conn.client.simple_query("").map(drop).map_err(err)
-    }
-
-    fn has_broken(&self, conn: &mut Conn) -> bool {
-        !self.0.usable(conn)
+    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<StoreError> {
+        if self.0.usable(conn) {
+            Ok(())
+        } else {
+            Err(RecycleError::message("closed, or from before an outage"))
+        }
     }
 }
 
-/// The pool's failed connection attempts are the outage's, logged once by the service;
-/// here only at debug level.
-#[derive(Debug)]
-pub(super) struct Quiet;
+pub(super) type Pool = managed::Pool<Manager>;
 
-impl r2d2::HandleError<StoreError> for Quiet {
-    fn handle_error(&self, error: StoreError) {
-        tracing::debug!("the store's pool: {error}");
+/// A pooled connection checked out. While `busy` (an operation runs on it, or its state
+/// is unknown) dropping it takes it out of the pool and closes it, so a connection whose
+/// operation was cut short, or that may hold a session's lock, never serves again.
+pub(super) struct Pooled {
+    object: Option<Object<Manager>>,
+    pub(super) busy: bool,
+}
+
+impl Pooled {
+    pub(super) fn new(object: Object<Manager>) -> Pooled {
+        Pooled {
+            object: Some(object),
+            busy: true,
+        }
+    }
+}
+
+impl std::ops::Deref for Pooled {
+    type Target = Conn;
+
+    fn deref(&self) -> &Conn {
+        self.object.as_ref().expect("there until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut Conn {
+        self.object.as_mut().expect("there until dropped")
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(object) = self.object.take().filter(|_| self.busy) {
+            drop(Object::take(object));
+        }
     }
 }
 
@@ -392,20 +373,20 @@ mod tests {
         Shared::new("postgres://nobody@127.0.0.1:1/none".parse().unwrap(), limits)
     }
 
-    #[test]
-    fn a_job_past_its_bound_is_a_503_at_the_bound_and_helpers_are_reused() {
+    #[tokio::test]
+    async fn a_job_past_its_bound_is_a_503_at_the_bound() {
         let shared = shared(5_000);
-        assert_eq!(shared.within(Duration::from_secs(1), || 7).unwrap(), 7);
-        std::thread::sleep(Duration::from_millis(50));
         assert_eq!(
-            shared.helpers.lock().unwrap().len(),
-            1,
-            "the helper is idle again"
+            shared.within(Duration::from_secs(1), async { 7 }).await.unwrap(),
+            7
         );
         let started = Instant::now();
-        let late = shared.within(Duration::from_millis(100), || {
-            std::thread::sleep(Duration::from_secs(1))
-        });
+        let late = shared
+            .within(
+                Duration::from_millis(100),
+                tokio::time::sleep(Duration::from_secs(1)),
+            )
+            .await;
         let took = started.elapsed();
         let e = late.unwrap_err();
         assert!(
@@ -413,26 +394,27 @@ mod tests {
             "{e}"
         );
         assert!(took < Duration::from_millis(600), "{took:?}");
-        // The late job holds its own helper only: another call gets the idle one or a new one.
-        assert_eq!(shared.within(Duration::from_secs(1), || 8).unwrap(), 8);
     }
 
-    #[test]
-    fn a_wait_ends_when_another_operation_finds_the_database_unreachable() {
+    #[tokio::test]
+    async fn a_wait_ends_when_another_operation_finds_the_database_unreachable() {
         let shared = shared(5_000);
         let waiting = {
             let shared = shared.clone();
-            std::thread::spawn(move || {
+            tokio::spawn(async move {
                 let started = Instant::now();
-                let result = shared.within(Duration::from_secs(10), || {
-                    std::thread::sleep(Duration::from_secs(3))
-                });
+                let result = shared
+                    .within(
+                        Duration::from_secs(10),
+                        tokio::time::sleep(Duration::from_secs(3)),
+                    )
+                    .await;
                 (result, started.elapsed())
             })
         };
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
         shared.failed(&StoreError::unavailable("cannot connect"));
-        let (result, took) = waiting.join().unwrap();
+        let (result, took) = waiting.await.unwrap();
         assert!(result.unwrap_err().unavailable);
         assert!(took < Duration::from_secs(1), "{took:?}");
     }

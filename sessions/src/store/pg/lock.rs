@@ -1,50 +1,175 @@
 //! A session's lock on the shared store: a session-level advisory lock held on one pooled
 //! connection for a whole operation, which loads and commits on it
 //! (docs/scaling-out.md#how-a-turn-stays-serialized-across-hosts).
+//!
+//! The lock and the reads are one round trip, and so are the write and the unlock:
+//! their statements are sent together on one client and their answers awaited together
+//! (tokio-postgres pipelines the requests of futures polled at once). The server runs
+//! them in order, each in its own implicit transaction, and runs the ones after a failed
+//! one too: so a failed lock's wait is still reset, and a failed write is rolled back
+//! alone and the lock still given back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bounded::Shared;
-use super::sql::{batch, lit, write_statement};
-use super::{check_written, err, load_on, written_id, Connection};
-use crate::store::{SessionLock, SessionWrite, StoreError, StoredSession};
+use tokio_postgres::error::SqlState;
 
-/// The statements that wait for session `id`'s lock at most `lock_wait`: the connection's
-/// `statement_timeout` is raised around them, so it bounds the wait for the lock and not
-/// the lock wait the statement. Five statements (SET, SET, the lock, RESET, RESET).
-pub(super) fn lock_statements(id: &str, lock_wait: Duration, statement_timeout: Duration) -> String {
-    format!(
-        "SET statement_timeout = {}; SET lock_timeout = {}; EXECUTE history_lock({}); \
-         RESET lock_timeout; RESET statement_timeout",
-        (lock_wait + statement_timeout).as_millis(),
-        lock_wait.as_millis().max(1),
-        lit(id)
+use tokio::runtime::Handle;
+
+use super::bounded::{Pooled, Shared};
+use super::sql::{check_written, session_of, trips, Params, ReadRows, Reads, WriteParams};
+use super::{block, connection, err, load_on, written_id, PgStore};
+use crate::store::{HostCopy, Locked, SessionLock, SessionWrite, StoreError, StoredSession};
+
+/// Milliseconds as `set_config` takes them.
+fn ms(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
+/// The waits of a session's lock: the connection's `statement_timeout` is raised around
+/// the lock, so it bounds the wait for the lock and not the lock wait the statement.
+fn waits(lock_wait: Duration, statement_timeout: Duration) -> (String, String) {
+    (
+        ms(lock_wait + statement_timeout),
+        ms(lock_wait.max(Duration::from_millis(1))),
     )
 }
-pub(super) const LOCK_STATEMENTS: usize = 5;
+
+/// What the lock's round trip answered: the lock taken (or its error), the session's
+/// version, and its reads.
+type LockAnswer = Result<(Option<u64>, ReadRows), tokio_postgres::Error>;
+
+/// Session `id`'s lock, its version and its reads, pipelined: one round trip.
+async fn lock_and_read(c: &Pooled, id: &str, reads: &Reads, waits: &(String, String)) -> LockAnswer {
+    let s = &c.statements;
+    let (timeouts, session): (Params<2>, Params<1>) = ([&waits.0, &waits.1], [&id]);
+    trips(1);
+    let (set, lock, reset, version, read) = tokio::join!(
+        c.client.query(&s.set_timeouts, &timeouts),
+        c.client.query(&s.lock, &session),
+        c.client.query(&s.reset_timeouts, &[]),
+        c.client.query(&s.version, &session),
+        reads.run(&c.client, s),
+    );
+    set?;
+    lock?;
+    reset?;
+    let version = version?
+        .first()
+        .map(|r| r.try_get::<_, i64>(0).map(|v| v as u64))
+        .transpose()?;
+    Ok((version, read?))
+}
+
+impl PgStore {
+    /// The lock, the session's version and — when it is not the version this host knows —
+    /// the session itself, in one round trip: the statements after the lock's each see
+    /// what was committed before it was taken (each takes its own snapshot). A connection
+    /// found closed (the database restarted since it was pooled) is dropped and the lock
+    /// asked once more on a fresh one.
+    pub(super) fn lock_session(&self, id: &str, held: Option<&HostCopy>) -> Result<Locked, StoreError> {
+        let shared = self.shared.clone();
+        let pool = self.pool.clone();
+        let (id, reads, lock_wait) = (id.to_string(), Reads::new(id, held), self.lock_wait);
+        let held = held.cloned();
+        let runtime = self.runtime.clone();
+        block(&self.runtime, async move {
+            let waits = waits(lock_wait, shared.limits.statement_timeout);
+            let limit = lock_wait + shared.limits.statement_timeout;
+            for attempt in 0..2 {
+                let c = connection(&shared, &pool).await?;
+                let answered = shared.within(limit, lock_and_read(&c, &id, &reads, &waits)).await;
+                let (c, answer) = match answered {
+                    Ok(Err(e)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                        // Not taken; the rest ran and reset the waits: the connection serves on.
+                        let _ = shared.settle(c, Ok(Ok(())), |_| true);
+                        return Ok(Locked::Busy);
+                    }
+                    Ok(Err(e)) if e.is_closed() && attempt == 0 => continue,
+                    // Any other failure: the lock may be held, so the connection goes.
+                    answered => shared.settle(c, answered.map(|a| a.map_err(err)), |_| false),
+                };
+                let (version, rows) = answer?;
+                let read = session_of(&id, &rows, held.as_ref())?;
+                return Ok(Locked::Held(Box::new(PgLock {
+                    connection: c,
+                    shared: shared.clone(),
+                    runtime: runtime.clone(),
+                    id: id.clone(),
+                    version,
+                    read,
+                    released: false,
+                    lock_wait,
+                })));
+            }
+            Err(StoreError::unavailable(
+                "the database closed two connections in a row",
+            ))
+        })?
+    }
+}
 
 /// A session's lock: a session-level advisory lock held on one pooled connection.
 pub(super) struct PgLock {
-    /// `None` once lost: the database did not answer in time (it was poisoned, and the
-    /// server releases the lock when the connection closes).
-    pub(super) connection: Option<Connection>,
-    pub(super) shared: Arc<Shared>,
-    pub(super) id: String,
-    pub(super) version: Option<u64>,
+    /// `None` once lost: the database did not answer in time (the connection was
+    /// dropped, and the server releases the lock when it closes).
+    connection: Option<Pooled>,
+    shared: Arc<Shared>,
+    runtime: Handle,
+    id: String,
+    version: Option<u64>,
     /// The session as read with the lock, when its version was not the one the host knew.
-    pub(super) read: Option<StoredSession>,
+    read: Option<StoredSession>,
     /// Whether the lock was given back already (a commit gives it back in its round trip).
-    pub(super) released: bool,
-    pub(super) lock_wait: Duration,
+    released: bool,
+    lock_wait: Duration,
 }
 
 impl PgLock {
-    fn connection(&mut self) -> Result<Connection, StoreError> {
-        self.connection
+    fn connection(&mut self) -> Result<Pooled, StoreError> {
+        let mut c = self
+            .connection
             .take()
-            .ok_or_else(|| StoreError::unavailable("the session's connection to the database was lost"))
+            .ok_or_else(|| StoreError::unavailable("the session's connection to the database was lost"))?;
+        c.busy = true;
+        Ok(c)
     }
+}
+
+/// The write and the unlock (after a taken lock: `relock`, the lock again first, all in
+/// one transaction so a refused lock aborts the write), pipelined: one round trip. The
+/// write's rows, or the first error.
+async fn commit_on(
+    c: &Pooled,
+    id: &str,
+    change: &WriteParams,
+    relock: Option<&(String, String)>,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let s = &c.statements;
+    let session: Params<1> = [&id];
+    trips(1);
+    let Some(waits) = relock else {
+        let (written, unlock) = tokio::join!(change.run(&c.client, s), c.client.query(&s.unlock, &session));
+        return written.and_then(|rows| unlock.map(|_| rows));
+    };
+    let timeouts: Params<2> = [&waits.0, &waits.1];
+    let (begin, set, lock, reset, written, commit, unlock) = tokio::join!(
+        c.client.batch_execute("BEGIN"),
+        c.client.query(&s.set_timeouts, &timeouts),
+        c.client.query(&s.lock, &session),
+        c.client.query(&s.reset_timeouts, &[]),
+        change.run(&c.client, s),
+        c.client.batch_execute("COMMIT"),
+        c.client.query(&s.unlock, &session),
+    );
+    begin?;
+    set?;
+    lock?;
+    reset?;
+    let rows = written?;
+    commit?;
+    unlock?;
+    Ok(rows)
 }
 
 impl SessionLock for PgLock {
@@ -57,67 +182,47 @@ impl SessionLock for PgLock {
             return Ok(Some(read));
         }
         let c = self.connection()?;
-        let id = self.id.clone();
-        let limit = self.shared.limits.statement_timeout;
-        let (c, result) = self.shared.on(c, limit, move |client| load_on(client, &id))?;
-        self.connection = Some(c);
+        let (shared, id) = (self.shared.clone(), self.id.clone());
+        let (c, result) = block(&self.runtime, async move {
+            let limit = shared.limits.statement_timeout;
+            let answered = shared.within(limit, load_on(&c, &id)).await;
+            shared.settle(c, answered, |_| true)
+        })
+        .unwrap_or_else(|e| (None, Err(e)));
+        self.connection = c;
         result
     }
 
     /// The write, its commit and the lock's release in one round trip: the lock is given
-    /// back after the commit (a later COMMIT statement in the same message), so the next
-    /// host to take it reads this write. A second commit under the same lock takes it again
-    /// first.
-    fn commit(&mut self, write: &SessionWrite<'_>) -> Result<(), StoreError> {
-        if write.row.is_some_and(|r| r.id != self.id) {
+    /// back after the write commits, so the next host to take it reads this write. A
+    /// second commit under the same lock takes it again first.
+    fn commit(&mut self, change: &SessionWrite<'_>) -> Result<(), StoreError> {
+        if change.row.is_some_and(|r| r.id != self.id) {
             return Err(StoreError::new("a session lock commits its own session only"));
         }
         let statement_timeout = self.shared.limits.statement_timeout;
-        let id = lit(&self.id);
-        let (relock, limit) = if self.released {
-            (
-                format!(
-                    "{}; ",
-                    lock_statements(&self.id, self.lock_wait, statement_timeout)
-                ),
-                self.lock_wait + statement_timeout,
-            )
-        } else {
-            (String::new(), statement_timeout)
+        let relock = self.released.then(|| waits(self.lock_wait, statement_timeout));
+        let limit = match relock {
+            Some(_) => self.lock_wait + statement_timeout,
+            None => statement_timeout,
         };
-        // The write's answer is the one after BEGIN's.
-        let at = if relock.is_empty() { 1 } else { LOCK_STATEMENTS + 1 };
-        let sql = format!(
-            "{relock}BEGIN; {}; COMMIT; EXECUTE history_unlock({id})",
-            write_statement(write)?
-        );
+        let params = WriteParams::new(change)?;
         let c = self.connection()?;
         // Given back by the commit, or released by the server with a lost connection.
         self.released = true;
-        let (c, result) = self.shared.on(c, limit, move |client| Ok(batch(client, &sql)))?;
-        match result? {
-            Ok(answers) => {
-                self.connection = Some(c);
-                check_written(&answers, at, &written_id(write))
-            }
-            Err(e) => {
-                let e = err(e);
-                self.shared.failed(&e);
-                if e.unavailable {
-                    c.poison();
-                    return Err(e);
-                }
-                // The transaction is aborted: roll back and give the lock back.
-                let rollback = format!("ROLLBACK; EXECUTE history_unlock({id})");
-                if let Ok((c, _)) = self
-                    .shared
-                    .on(c, statement_timeout, move |client| Ok(batch(client, &rollback)))
-                {
-                    self.connection = Some(c);
-                }
-                Err(e)
-            }
-        }
+        let (shared, id) = (self.shared.clone(), self.id.clone());
+        let (c, result) = block(&self.runtime, async move {
+            let answered = shared
+                .within(limit, commit_on(&c, &id, &params, relock.as_ref()))
+                .await
+                .map(|a| a.map_err(err));
+            // A refused write rolled back alone and the lock was given back: the
+            // connection serves on.
+            shared.settle(c, answered, |_| true)
+        })
+        .unwrap_or_else(|e| (None, Err(e)));
+        self.connection = c;
+        check_written(&result?, &written_id(change))
     }
 }
 
@@ -126,12 +231,19 @@ impl Drop for PgLock {
         let Some(c) = self.connection.take().filter(|_| !self.released) else {
             return;
         };
+        let (shared, id) = (self.shared.clone(), self.id.clone());
+        let mut c = c;
+        c.busy = true;
         // On a lost connection the server has released the lock already.
-        let unlock = format!("EXECUTE history_unlock({})", lit(&self.id));
-        let _ = self
-            .shared
-            .on(c, self.shared.limits.statement_timeout, move |client| {
-                batch(client, &unlock).map_err(err)
-            });
+        let _ = block(&self.runtime, async move {
+            let limit = shared.limits.statement_timeout;
+            let unlocked = shared
+                .within(limit, async {
+                    c.client.query(&c.statements.unlock, &[&id]).await
+                })
+                .await
+                .map(|a| a.map(drop).map_err(err));
+            drop(shared.settle(c, unlocked, |_| false));
+        });
     }
 }

@@ -78,8 +78,8 @@ pub(super) const MIGRATION_LOCK: i64 = 0x6869_7374_6d69_6772;
 pub(super) const OLDEST_SERVER: u32 = 140_000;
 
 /// Refuses a server older than [`OLDEST_SERVER`], naming both versions.
-pub(super) fn check_version(c: &mut postgres::Client) -> Result<(), StoreError> {
-    let row = c.query_one("SHOW server_version_num", &[]).map_err(err)?;
+pub(super) async fn check_version(c: &tokio_postgres::Client) -> Result<(), StoreError> {
+    let row = c.query_one("SHOW server_version_num", &[]).await.map_err(err)?;
     let version: String = row.get(0);
     match version.parse::<u32>() {
         Ok(number) if number < OLDEST_SERVER => Err(StoreError::new(format!(
@@ -92,16 +92,27 @@ pub(super) fn check_version(c: &mut postgres::Client) -> Result<(), StoreError> 
 }
 
 /// Applies the migrations the database lacks, one host at a time.
-pub(super) fn migrate(c: &mut postgres::Client) -> Result<(), StoreError> {
+pub(super) async fn migrate(c: &mut tokio_postgres::Client) -> Result<(), StoreError> {
     c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await
         .map_err(err)?;
-    let result = (|| {
+    let result = migrate_locked(c).await;
+    c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(err)?;
+    result
+}
+
+async fn migrate_locked(c: &mut tokio_postgres::Client) -> Result<(), StoreError> {
+    {
         c.batch_execute(
             "CREATE TABLE IF NOT EXISTS history_schema (version BIGINT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
         )
+        .await
         .map_err(err)?;
         let current: i64 = c
             .query_one("SELECT COALESCE(max(version), 0) FROM history_schema", &[])
+            .await
             .map_err(err)?
             .get(0);
         let known = MIGRATIONS.len() as i64;
@@ -112,16 +123,14 @@ pub(super) fn migrate(c: &mut postgres::Client) -> Result<(), StoreError> {
         }
         for (index, migration) in MIGRATIONS.iter().enumerate().skip(current as usize) {
             let version = index as i64 + 1;
-            let mut tx = c.transaction().map_err(err)?;
-            tx.batch_execute(migration).map_err(err)?;
+            let tx = c.transaction().await.map_err(err)?;
+            tx.batch_execute(migration).await.map_err(err)?;
             tx.execute("INSERT INTO history_schema (version) VALUES ($1)", &[&version])
+                .await
                 .map_err(err)?;
-            tx.commit().map_err(err)?;
+            tx.commit().await.map_err(err)?;
             tracing::info!("store: schema migrated to version {version}");
         }
         Ok(())
-    })();
-    c.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-        .map_err(err)?;
-    result
+    }
 }

@@ -1,12 +1,13 @@
 //! The statements of the PostgreSQL store's turns, and how values go into them and
-//! answers come out: prepared once per pooled connection, run by `EXECUTE` inside simple
-//! queries (one round trip each), values written as escaped SQL literals.
+//! answers come out: prepared once per pooled connection (all in one round trip), every
+//! value a typed parameter, a turn's statements pipelined (`super::lock`,
+//! docs/scaling-out.md#round-trips).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use postgres::{SimpleQueryMessage, SimpleQueryRow};
-use postgres_protocol::escape::escape_literal;
+use tokio_postgres::types::{FromSql, ToSql, Type};
+use tokio_postgres::{Client, Row, Statement};
 
 use crate::store::{
     decode_working, encode_working, resolve_sent, HostCopy, SessionRow, SessionWrite, StoreError,
@@ -20,58 +21,127 @@ pub(super) const ROW_COLUMNS: &str = "id, model, effective_ctx, turn, transcript
      expiration_override, created_at, last_active, next_copy, working, version";
 
 /// The statements a turn runs, prepared once on each pooled connection as it opens
-/// (`bounded::Shared::connect`) and run by `EXECUTE` inside the turn's simple queries: the
-/// server then parses and plans each once per connection, not once per turn — most of
-/// its CPU otherwise (docs/scaling-out.md#round-trips).
-///
-/// - `history_lock`, `history_unlock`: session `$1`'s advisory lock;
-/// - `history_version`: its stored version;
-/// - `history_read_row`, `history_read_transcript`, `history_read_copies`: the session's
-///   row, and the transcript rows and copies its histories reference, when its version
-///   is not `$2` (NULL: always), leaving out the transcript rows in `$3` (an
-///   `int8multirange` of seqs, [`seq_ranges`]) and the copies in `$3` (keys) —
-///   [`read_statements`];
-/// - `history_write`: one change of a session — [`write_statement`].
-pub(super) fn prepare_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "SET jit = off; SET plan_cache_mode = force_generic_plan; \
-             PREPARE history_lock(text) AS SELECT pg_advisory_lock({SESSION_KEY}); \
-             PREPARE history_unlock(text) AS SELECT pg_advisory_unlock({SESSION_KEY}); \
-             PREPARE history_version(text) AS SELECT version FROM sessions WHERE id = $1; \
-             PREPARE history_read_row(text, bigint) AS \
-               SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2; \
-             PREPARE history_read_transcript(text, bigint, int8multirange) AS \
-               SELECT n.seq, t.message, t.tokens \
-               FROM (SELECT range_agg(int8range(split_part(item, '-', 1)::bigint, \
-                         COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint, '[]')) \
-                     FROM sessions s, unnest(string_to_array( \
-                         s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
-                     WHERE s.id = $1 AND s.version IS DISTINCT FROM $2 AND item ~ '^[0-9]') AS w(wanted), \
-                 LATERAL unnest(w.wanted - $3) AS r(run), \
-                 LATERAL generate_series(lower(r.run), upper(r.run) - 1) AS n(seq), \
-                 LATERAL (SELECT message, tokens FROM transcript \
-                          WHERE session_id = $1 AND seq = n.seq OFFSET 0) AS t; \
-             PREPARE history_read_copies(text, bigint, bigint[]) AS \
-               SELECT key, seq, message, tokens FROM working_copies WHERE session_id = $1 AND key <> ALL($3) \
-               AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2); \
-             PREPARE history_write(text, text, bigint, bigint, bigint, bigint, text, bigint, bigint, \
-                                   text, text, bigint, bigint[], bigint[], text[], text[], bigint[], \
-                                   bigint[], text[], text[], bigint[]) AS \
-               WITH u AS (UPDATE sessions SET model = $2, effective_ctx = $3, turn = $4, \
-                   transcript_len = $5, cleared_at = $6, expiration_override = $7, last_active = $8, \
-                   next_copy = $9, working = $10, sent = $11, version = $12 \
-                   WHERE id = $1 AND version = $12 - 1 RETURNING id), \
-                 t AS (INSERT INTO transcript (session_id, seq, turn, message, tokens) \
-                   SELECT u.id, v.seq, v.turn, v.message, v.tokens \
-                   FROM u, unnest($13, $14, $15, $16) AS v(seq, turn, message, tokens)), \
-                 c AS (INSERT INTO working_copies (session_id, key, seq, message, tokens) \
-                   SELECT u.id, v.key, v.seq, v.message, v.tokens \
-                   FROM u, unnest($17, $18, $19, $20) AS v(key, seq, message, tokens)), \
-                 d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key = ANY($21)) \
-               SELECT count(*) FROM u"
-        )
+/// (`bounded::Shared::pooled`): the server then parses and plans each once per
+/// connection, not once per turn — most of its CPU otherwise
+/// (docs/scaling-out.md#round-trips).
+pub(super) struct Statements {
+    /// Session `$1`'s advisory lock, taken and given back.
+    pub(super) lock: Statement,
+    pub(super) unlock: Statement,
+    /// `statement_timeout` `$1` and `lock_timeout` `$2` (milliseconds, as text) for the
+    /// lock's wait, and back to the connection's own.
+    pub(super) set_timeouts: Statement,
+    pub(super) reset_timeouts: Statement,
+    /// Session `$1`'s stored version.
+    pub(super) version: Statement,
+    /// The session's row, and the transcript rows and copies its histories reference,
+    /// when its version is not `$2` (NULL: always), leaving out the transcript runs from
+    /// `$3` to `$4` and the copies in `$3` (keys): [`Reads`].
+    pub(super) read_row: Statement,
+    pub(super) read_transcript: Statement,
+    pub(super) read_copies: Statement,
+    /// One change of a session: [`write`].
+    pub(super) write: Statement,
+}
+
+const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('history-session:' || $1, 0))";
+const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('history-session:' || $1, 0))";
+const SET_TIMEOUTS: &str =
+    "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false)";
+/// What `RESET` would set: the connection's start-up values.
+const RESET_TIMEOUTS: &str = "SELECT set_config(name, reset_val, false) FROM pg_settings \
+     WHERE name IN ('statement_timeout', 'lock_timeout')";
+const VERSION: &str = "SELECT version FROM sessions WHERE id = $1";
+const READ_TRANSCRIPT: &str = "SELECT n.seq, t.message, t.tokens \
+     FROM (SELECT range_agg(int8range(split_part(item, '-', 1)::bigint, \
+               COALESCE(NULLIF(split_part(item, '-', 2), ''), split_part(item, '-', 1))::bigint, '[]')) \
+           FROM sessions s, unnest(string_to_array( \
+               s.working || ',' || COALESCE(split_part(s.sent, E'\\n', 1), ''), ',')) AS item \
+           WHERE s.id = $1 AND s.version IS DISTINCT FROM $2 AND item ~ '^[0-9]') AS w(wanted), \
+       LATERAL unnest(w.wanted - COALESCE((SELECT range_agg(int8range(h.low, h.high, '[]')) \
+           FROM unnest($3::bigint[], $4::bigint[]) AS h(low, high)), '{}'::int8multirange)) AS r(run), \
+       LATERAL generate_series(lower(r.run), upper(r.run) - 1) AS n(seq), \
+       LATERAL (SELECT message, tokens FROM transcript \
+                WHERE session_id = $1 AND seq = n.seq OFFSET 0) AS t";
+const READ_COPIES: &str = "SELECT key, seq, message, tokens FROM working_copies \
+     WHERE session_id = $1 AND key <> ALL($3) \
+     AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2)";
+const WRITE: &str = "WITH u AS (UPDATE sessions SET model = $2, effective_ctx = $3, turn = $4, \
+         transcript_len = $5, cleared_at = $6, expiration_override = $7, last_active = $8, \
+         next_copy = $9, working = $10, sent = $11, version = $12 \
+         WHERE id = $1 AND version = $12 - 1 RETURNING id), \
+       t AS (INSERT INTO transcript (session_id, seq, turn, message, tokens) \
+         SELECT u.id, v.seq, v.turn, v.message, v.tokens \
+         FROM u, unnest($13::bigint[], $14::bigint[], $15::text[], $16::text[]) AS v(seq, turn, message, tokens)), \
+       c AS (INSERT INTO working_copies (session_id, key, seq, message, tokens) \
+         SELECT u.id, v.key, v.seq, v.message, v.tokens \
+         FROM u, unnest($17::bigint[], $18::bigint[], $19::text[], $20::text[]) AS v(key, seq, message, tokens)), \
+       d AS (DELETE FROM working_copies WHERE session_id IN (SELECT id FROM u) AND key = ANY($21)) \
+     SELECT count(*) FROM u";
+
+/// The connection's settings and every statement of [`Statements`], pipelined: one round
+/// trip (the caller counts it).
+pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgres::Error> {
+    use Type as T;
+    let read_row =
+        format!("SELECT {ROW_COLUMNS}, sent FROM sessions WHERE id = $1 AND version IS DISTINCT FROM $2");
+    let write_types = [
+        T::TEXT,
+        T::TEXT,
+        T::INT8,
+        T::INT8,
+        T::INT8,
+        T::INT8,
+        T::TEXT,
+        T::INT8,
+        T::INT8,
+        T::TEXT,
+        T::TEXT,
+        T::INT8,
+        T::INT8_ARRAY,
+        T::INT8_ARRAY,
+        T::TEXT_ARRAY,
+        T::TEXT_ARRAY,
+        T::INT8_ARRAY,
+        T::INT8_ARRAY,
+        T::TEXT_ARRAY,
+        T::TEXT_ARRAY,
+        T::INT8_ARRAY,
+    ];
+    let (
+        settings,
+        lock,
+        unlock,
+        set_timeouts,
+        reset_timeouts,
+        version,
+        read_row,
+        read_transcript,
+        read_copies,
+        write,
+    ) = tokio::join!(
+        client.batch_execute("SET jit = off; SET plan_cache_mode = force_generic_plan"),
+        client.prepare_typed(LOCK, &[T::TEXT]),
+        client.prepare_typed(UNLOCK, &[T::TEXT]),
+        client.prepare_typed(SET_TIMEOUTS, &[T::TEXT, T::TEXT]),
+        client.prepare_typed(RESET_TIMEOUTS, &[]),
+        client.prepare_typed(VERSION, &[T::TEXT]),
+        client.prepare_typed(&read_row, &[T::TEXT, T::INT8]),
+        client.prepare_typed(READ_TRANSCRIPT, &[T::TEXT, T::INT8, T::INT8_ARRAY, T::INT8_ARRAY]),
+        client.prepare_typed(READ_COPIES, &[T::TEXT, T::INT8, T::INT8_ARRAY]),
+        client.prepare_typed(WRITE, &write_types),
+    );
+    settings?;
+    Ok(Statements {
+        lock: lock?,
+        unlock: unlock?,
+        set_timeouts: set_timeouts?,
+        reset_timeouts: reset_timeouts?,
+        version: version?,
+        read_row: read_row?,
+        read_transcript: read_transcript?,
+        read_copies: read_copies?,
+        write: write?,
     })
 }
 
@@ -85,144 +155,191 @@ pub fn round_trips() -> u64 {
 }
 
 /// Counts `n` round trips. A statement given as text with parameters costs two (the
-/// client prepares it, then runs it); a simple query, however many statements it holds,
-/// one.
+/// client prepares it, then runs it); statements sent together and waited for together
+/// (pipelined, or one simple query), one.
 pub(super) fn trips(n: u64) {
     ROUND_TRIPS.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Runs `sql` (one or several statements) as one simple query: one round trip. Returns
-/// each statement's rows, in order.
-pub(super) fn batch(
-    c: &mut postgres::Client,
-    sql: &str,
-) -> Result<Vec<Vec<SimpleQueryRow>>, postgres::Error> {
-    trips(1);
-    let mut statements = vec![Vec::new()];
-    for message in c.simple_query(sql)? {
-        match message {
-            SimpleQueryMessage::Row(row) => statements.last_mut().expect("one at least").push(row),
-            SimpleQueryMessage::CommandComplete(_) => statements.push(Vec::new()),
-            _ => {}
-        }
+/// A statement's typed parameters.
+pub(super) type Params<'a, const N: usize> = [&'a (dyn ToSql + Sync); N];
+
+/// Column `i` of `row`, or an error naming it (never a panic on what the database sent).
+pub(super) fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, StoreError> {
+    row.try_get(i)
+        .map_err(|e| StoreError::new(format!("the store answered a bad value in column {i}: {e}")))
+}
+
+fn count(row: &Row, i: usize) -> Result<u64, StoreError> {
+    col::<i64>(row, i).map(|v| v as u64)
+}
+
+/// Numbers as bigints (what the store keeps is below `i64::MAX`).
+fn big(v: u64) -> i64 {
+    v as i64
+}
+
+/// One session write's parameters, owned (the write runs on the store's runtime), for
+/// [`Statements::write`]: the row's update, refused unless `row.version` follows the
+/// stored version, and the transcript rows and copies added and dropped, each only if
+/// the update happened (they read its result). It answers 1 when written, 0 when refused
+/// (then nothing is).
+pub(super) struct WriteParams {
+    row: SessionRow,
+    working: String,
+    sent: Option<String>,
+    t_seq: Vec<i64>,
+    t_turn: Vec<i64>,
+    t_message: Vec<String>,
+    t_tokens: Vec<Option<String>>,
+    c_key: Vec<i64>,
+    c_seq: Vec<Option<i64>>,
+    c_message: Vec<String>,
+    c_tokens: Vec<Option<String>>,
+    dropped: Vec<i64>,
+}
+
+impl WriteParams {
+    pub(super) fn new(write: &SessionWrite<'_>) -> Result<WriteParams, StoreError> {
+        let Some(row) = write.row else {
+            return Err(StoreError::new("a session write needs its row"));
+        };
+        let (transcript, copies) = (write.transcript, write.new_copies);
+        Ok(WriteParams {
+            row: row.clone(),
+            working: encode_working(write.working),
+            sent: write.sent.map(str::to_string),
+            t_seq: transcript.iter().map(|t| big(t.seq)).collect(),
+            t_turn: transcript.iter().map(|t| big(t.turn)).collect(),
+            t_message: transcript.iter().map(|t| t.message.clone()).collect(),
+            t_tokens: transcript.iter().map(|t| t.tokens.0.clone()).collect(),
+            c_key: copies.iter().map(|c| big(c.key)).collect(),
+            c_seq: copies.iter().map(|c| c.seq.map(big)).collect(),
+            c_message: copies.iter().map(|c| c.message.clone()).collect(),
+            c_tokens: copies.iter().map(|c| c.tokens.0.clone()).collect(),
+            dropped: write.dropped_copies.iter().copied().map(big).collect(),
+        })
     }
-    statements.pop();
-    Ok(statements)
+
+    /// The write on `client` (the caller counts the round trip).
+    pub(super) async fn run(
+        &self,
+        client: &Client,
+        statements: &Statements,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let row = &self.row;
+        client
+            .query(
+                &statements.write,
+                &[
+                    &row.id,
+                    &row.model,
+                    &big(row.effective_ctx),
+                    &big(row.turn),
+                    &big(row.transcript_len),
+                    &big(row.cleared_at),
+                    &row.expiration_override,
+                    &big(row.last_active),
+                    &big(row.next_copy),
+                    &self.working,
+                    &self.sent,
+                    &big(row.version),
+                    &self.t_seq,
+                    &self.t_turn,
+                    &self.t_message,
+                    &self.t_tokens,
+                    &self.c_key,
+                    &self.c_seq,
+                    &self.c_message,
+                    &self.c_tokens,
+                    &self.dropped,
+                ],
+            )
+            .await
+    }
 }
 
-/// A text as an SQL literal (the only way values enter a simple query).
-pub(super) fn lit(text: &str) -> String {
-    escape_literal(text)
+/// Whether the write answered `rows` happened: [`write`] answers 1 when written and 0 when
+/// refused (its version does not follow the stored one, or the session is gone). `id` is
+/// the session's, for the message.
+pub(super) fn check_written(rows: &[Row], id: &str) -> Result<(), StoreError> {
+    let written = rows.first().map(|r| count(r, 0)).transpose()?;
+    if written != Some(1) {
+        return Err(StoreError::new(format!(
+            "session {id} changed on another host, or is gone: nothing written"
+        )));
+    }
+    Ok(())
 }
 
-pub(super) fn opt_lit(text: Option<&str>) -> String {
-    text.map_or_else(|| "NULL".to_string(), lit)
-}
-
-/// Column `i` of a simple query's row as a number.
-pub(super) fn num(row: &SimpleQueryRow, i: usize) -> Result<u64, StoreError> {
-    row.get(i)
-        .and_then(|v| v.parse::<i64>().ok())
-        .map(|v| v as u64)
-        .ok_or_else(|| StoreError::new(format!("the store answered a non-number in column {i}")))
-}
-
-pub(super) fn text(row: &SimpleQueryRow, i: usize) -> Result<String, StoreError> {
-    row.get(i)
-        .map(str::to_string)
-        .ok_or_else(|| StoreError::new(format!("the store answered NULL in column {i}")))
-}
-
-/// One session write as one statement (`history_write`, [`prepare_sql`]): the row's
-/// update, refused unless `row.version` follows the stored version, and the transcript
-/// rows and copies added and dropped, each only if the update happened (they read its
-/// result). It answers 1 when written, 0 when refused (then nothing is).
-pub(super) fn write_statement(write: &SessionWrite<'_>) -> Result<String, StoreError> {
-    let Some(row) = write.row else {
-        return Err(StoreError::new("a session write needs its row"));
-    };
-    let transcript = write.transcript;
-    let copies = write.new_copies;
-    Ok(format!(
-        "EXECUTE history_write({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
-        lit(&row.id),
-        lit(&row.model),
-        row.effective_ctx as i64,
-        row.turn as i64,
-        row.transcript_len as i64,
-        row.cleared_at as i64,
-        opt_lit(row.expiration_override.as_deref()),
-        row.last_active as i64,
-        row.next_copy as i64,
-        lit(&encode_working(write.working)),
-        opt_lit(write.sent),
-        row.version as i64,
-        numbers(transcript.iter().map(|t| Some(t.seq))),
-        numbers(transcript.iter().map(|t| Some(t.turn))),
-        texts(transcript.iter().map(|t| Some(t.message.as_str()))),
-        texts(transcript.iter().map(|t| t.tokens.0.as_deref())),
-        numbers(copies.iter().map(|c| Some(c.key))),
-        numbers(copies.iter().map(|c| c.seq)),
-        texts(copies.iter().map(|c| Some(c.message.as_str()))),
-        texts(copies.iter().map(|c| c.tokens.0.as_deref())),
-        numbers(write.dropped_copies.iter().copied().map(Some)),
-    ))
-}
-
-/// Numbers (NULL for `None`) as an SQL `bigint[]` literal.
-pub(super) fn numbers(values: impl Iterator<Item = Option<u64>>) -> String {
-    let items: Vec<String> = values
-        .map(|v| v.map_or_else(|| "NULL".to_string(), |v| (v as i64).to_string()))
-        .collect();
-    format!("'{{{}}}'::bigint[]", items.join(","))
-}
-
-/// Texts (NULL for `None`) as an SQL `text[]` value, each an escaped literal.
-pub(super) fn texts<'a>(values: impl Iterator<Item = Option<&'a str>>) -> String {
-    let items: Vec<String> = values.map(opt_lit).collect();
-    format!("ARRAY[{}]::text[]", items.join(", "))
-}
-
-/// The statements that read session `id` (its row, then the transcript rows and copies
+/// The parameters that read session `id` (its row, then the transcript rows and copies
 /// its working and sent histories reference) when its stored version is not the one the
 /// host holds (`held`; `None`: always), leaving out the messages the host holds. The
-/// references are expanded by the server from the row itself (`history_read_*`,
-/// [`prepare_sql`]), so the row and its messages come back in one round trip.
-pub(super) fn read_statements(id: &str, held: Option<&HostCopy>) -> String {
-    let id = lit(id);
-    let (version, seqs, keys) = match held {
-        Some(held) => {
-            let seqs = held.refs.iter().filter_map(|r| match r {
-                WorkingRef::Transcript(seq) => Some(*seq),
-                WorkingRef::Copy(_) => None,
-            });
-            let keys = held.refs.iter().filter_map(|r| match r {
-                WorkingRef::Copy(key) => Some(Some(*key)),
-                WorkingRef::Transcript(_) => None,
-            });
-            (
-                (held.version as i64).to_string(),
-                seq_ranges(seqs.collect()),
-                numbers(keys),
-            )
-        }
-        None => (
-            "NULL".to_string(),
-            seq_ranges(Vec::new()),
-            numbers(std::iter::empty()),
-        ),
-    };
-    format!(
-        "EXECUTE history_read_row({id}, {version}); \
-         EXECUTE history_read_transcript({id}, {version}, {seqs}); \
-         EXECUTE history_read_copies({id}, {version}, {keys})"
-    )
+/// references are expanded by the server from the row itself, so the row and its
+/// messages come back in one round trip.
+pub(super) struct Reads {
+    id: String,
+    version: Option<i64>,
+    low: Vec<i64>,
+    high: Vec<i64>,
+    keys: Vec<i64>,
 }
 
-/// Transcript seqs as an SQL `int8multirange` literal: each run of consecutive seqs one
-/// range, so the server subtracts what a host holds from what a session references in a
-/// few range operations, however long the session.
-pub(super) fn seq_ranges(mut seqs: Vec<u64>) -> String {
+/// A session's three reads' rows: its row, transcript rows, copies.
+pub(super) type ReadRows = (Vec<Row>, Vec<Row>, Vec<Row>);
+
+impl Reads {
+    pub(super) fn new(id: &str, held: Option<&HostCopy>) -> Reads {
+        let (version, runs, keys) = match held {
+            Some(held) => {
+                let seqs = held.refs.iter().filter_map(|r| match r {
+                    WorkingRef::Transcript(seq) => Some(*seq),
+                    WorkingRef::Copy(_) => None,
+                });
+                let keys = held.refs.iter().filter_map(|r| match r {
+                    WorkingRef::Copy(key) => Some(big(*key)),
+                    WorkingRef::Transcript(_) => None,
+                });
+                (
+                    Some(big(held.version)),
+                    seq_ranges(seqs.collect()),
+                    keys.collect(),
+                )
+            }
+            None => (None, Vec::new(), Vec::new()),
+        };
+        Reads {
+            id: id.to_string(),
+            version,
+            low: runs.iter().map(|r| r.0).collect(),
+            high: runs.iter().map(|r| r.1).collect(),
+            keys,
+        }
+    }
+
+    /// The three reads, pipelined on `client` (the caller counts the round trip, with
+    /// whatever else it sends alongside).
+    pub(super) async fn run(
+        &self,
+        client: &Client,
+        statements: &Statements,
+    ) -> Result<ReadRows, tokio_postgres::Error> {
+        let row: Params<2> = [&self.id, &self.version];
+        let transcript: Params<4> = [&self.id, &self.version, &self.low, &self.high];
+        let copies: Params<3> = [&self.id, &self.version, &self.keys];
+        let (row, transcript, copies) = tokio::join!(
+            client.query(&statements.read_row, &row),
+            client.query(&statements.read_transcript, &transcript),
+            client.query(&statements.read_copies, &copies),
+        );
+        Ok((row?, transcript?, copies?))
+    }
+}
+
+/// Transcript seqs as runs of consecutive seqs, each `(first, last)`, so the server
+/// subtracts what a host holds from what a session references in a few range
+/// operations, however long the session.
+pub(super) fn seq_ranges(mut seqs: Vec<u64>) -> Vec<(i64, i64)> {
     seqs.sort_unstable();
     seqs.dedup();
     let mut ranges = Vec::new();
@@ -232,55 +349,56 @@ pub(super) fn seq_ranges(mut seqs: Vec<u64>) -> String {
         while j + 1 < seqs.len() && seqs[j + 1] == seqs[j] + 1 {
             j += 1;
         }
-        ranges.push(format!("[{},{}]", seqs[i] as i64, seqs[j] as i64));
+        ranges.push((big(seqs[i]), big(seqs[j])));
         i = j + 1;
     }
-    format!("'{{{}}}'::int8multirange", ranges.join(","))
+    ranges
 }
 
-/// A session from the answers of [`read_statements`]; `None` if its row is not there.
+/// A session row from `row` (the columns of [`ROW_COLUMNS`]) and its working history's
+/// encoded references.
+pub(super) fn session_row(r: &Row) -> Result<(SessionRow, String), StoreError> {
+    Ok((
+        SessionRow {
+            id: col(r, 0)?,
+            model: col(r, 1)?,
+            effective_ctx: count(r, 2)?,
+            turn: count(r, 3)?,
+            transcript_len: count(r, 4)?,
+            cleared_at: count(r, 5)?,
+            expiration_override: col(r, 6)?,
+            created_at: count(r, 7)?,
+            last_active: count(r, 8)?,
+            next_copy: count(r, 9)?,
+            version: count(r, 11)?,
+        },
+        col(r, 10)?,
+    ))
+}
+
+/// A session from the rows of [`Reads::run`]; `None` if its row is not there.
 pub(super) fn session_of(
     id: &str,
-    answers: &[Vec<SimpleQueryRow>],
+    (rows, transcript_rows, copy_rows): &ReadRows,
     held: Option<&HostCopy>,
 ) -> Result<Option<StoredSession>, StoreError> {
-    let [rows, transcript_rows, copy_rows] = answers else {
-        return Err(StoreError::new(
-            "the store answered an unexpected number of results",
-        ));
-    };
     let Some(r) = rows.first() else {
         return Ok(None);
     };
-    let row = SessionRow {
-        id: text(r, 0)?,
-        model: text(r, 1)?,
-        effective_ctx: num(r, 2)?,
-        turn: num(r, 3)?,
-        transcript_len: num(r, 4)?,
-        cleared_at: num(r, 5)?,
-        expiration_override: r.get(6).map(str::to_string),
-        created_at: num(r, 7)?,
-        last_active: num(r, 8)?,
-        next_copy: num(r, 9)?,
-        version: num(r, 11)?,
-    };
-    let refs = decode_working(&text(r, 10)?)?;
-    let sent = r.get(12).map(str::to_string);
+    let (row, working) = session_row(r)?;
+    let refs = decode_working(&working)?;
+    let sent: Option<String> = col(r, 12)?;
     // Each message read: its seq (a copy's may be none), text and token counts.
-    let tokens = |row: &SimpleQueryRow, i: usize| TokenCounts(row.get(i).map(str::to_string));
+    let tokens = |row: &Row, i: usize| col::<Option<String>>(row, i).map(TokenCounts);
     let mut transcript = HashMap::new();
     for t in transcript_rows {
-        let seq = num(t, 0)?;
-        transcript.insert(seq, (Some(seq), text(t, 1)?, tokens(t, 2)));
+        let seq = count(t, 0)?;
+        transcript.insert(seq, (Some(seq), col::<String>(t, 1)?, tokens(t, 2)?));
     }
     let mut copies = HashMap::new();
     for c in copy_rows {
-        let seq = match c.get(1) {
-            Some(_) => Some(num(c, 1)?),
-            None => None,
-        };
-        copies.insert(num(c, 0)?, (seq, text(c, 2)?, tokens(c, 3)));
+        let seq = col::<Option<i64>>(c, 1)?.map(|v| v as u64);
+        copies.insert(count(c, 0)?, (seq, col::<String>(c, 2)?, tokens(c, 3)?));
     }
     let held_refs: std::collections::HashSet<WorkingRef> =
         held.map(|h| h.refs.iter().copied().collect()).unwrap_or_default();
@@ -328,10 +446,10 @@ mod tests {
 
     #[test]
     fn held_seqs_are_sent_as_runs() {
-        assert_eq!(seq_ranges(vec![]), "'{}'::int8multirange");
+        assert_eq!(seq_ranges(vec![]), vec![]);
         assert_eq!(
             seq_ranges(vec![7, 1, 2, 3, 9, 10, 2]),
-            "'{[1,3],[7,7],[9,10]}'::int8multirange"
+            vec![(1, 3), (7, 7), (9, 10)]
         );
     }
 }
