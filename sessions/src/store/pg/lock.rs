@@ -43,11 +43,12 @@ type LockAnswer = Result<(Option<u64>, ReadRows), tokio_postgres::Error>;
 async fn lock_and_read(c: &Pooled, id: &str, reads: &Reads, waits: &(String, String)) -> LockAnswer {
     let s = &c.statements;
     let (timeouts, session): (Params<2>, Params<1>) = ([&waits.0, &waits.1], [&id]);
+    let reset: Params<2> = [&s.reset_values[0], &s.reset_values[1]];
     trips(1);
     let (set, lock, reset, version, read) = tokio::join!(
         c.client.query(&s.set_timeouts, &timeouts),
         c.client.query(&s.lock, &session),
-        c.client.query(&s.reset_timeouts, &[]),
+        c.client.query(&s.set_timeouts, &reset),
         c.client.query(&s.version, &session),
         reads.run(&c.client, s),
     );
@@ -153,11 +154,12 @@ async fn commit_on(
         return written.and_then(|rows| unlock.map(|_| rows));
     };
     let timeouts: Params<2> = [&waits.0, &waits.1];
+    let reset: Params<2> = [&s.reset_values[0], &s.reset_values[1]];
     let (begin, set, lock, reset, written, commit, unlock) = tokio::join!(
         c.client.batch_execute("BEGIN"),
         c.client.query(&s.set_timeouts, &timeouts),
         c.client.query(&s.lock, &session),
-        c.client.query(&s.reset_timeouts, &[]),
+        c.client.query(&s.set_timeouts, &reset),
         change.run(&c.client, s),
         c.client.batch_execute("COMMIT"),
         c.client.query(&s.unlock, &session),

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio_postgres::types::{FromSql, ToSql, Type};
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
 
 use crate::store::{
     decode_working, encode_working, resolve_sent, HostCopy, SessionRow, SessionWrite, StoreError,
@@ -31,7 +31,10 @@ pub(super) struct Statements {
     /// `statement_timeout` `$1` and `lock_timeout` `$2` (milliseconds, as text) for the
     /// lock's wait, and back to the connection's own.
     pub(super) set_timeouts: Statement,
-    pub(super) reset_timeouts: Statement,
+    /// The connection's start-up `statement_timeout` and `lock_timeout`, what `RESET`
+    /// would set them back to: read once as it opens, so a reset is `set_timeouts` with
+    /// them (reading `pg_settings` on every lock cost the database a third of a turn).
+    pub(super) reset_values: [String; 2],
     /// Session `$1`'s stored version.
     pub(super) version: Statement,
     /// The session's row, and the transcript rows and copies its histories reference,
@@ -48,9 +51,8 @@ const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('history-session:' 
 const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('history-session:' || $1, 0))";
 const SET_TIMEOUTS: &str =
     "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false)";
-/// What `RESET` would set: the connection's start-up values.
-const RESET_TIMEOUTS: &str = "SELECT set_config(name, reset_val, false) FROM pg_settings \
-     WHERE name IN ('statement_timeout', 'lock_timeout')";
+/// The connection's start-up timeouts, read as it opens.
+const START_TIMEOUTS: &str = "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')";
 const VERSION: &str = "SELECT version FROM sessions WHERE id = $1";
 const READ_TRANSCRIPT: &str = "SELECT n.seq, t.message, t.tokens \
      FROM (SELECT range_agg(int8range(split_part(item, '-', 1)::bigint, \
@@ -113,7 +115,7 @@ pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgre
         lock,
         unlock,
         set_timeouts,
-        reset_timeouts,
+        start_timeouts,
         version,
         read_row,
         read_transcript,
@@ -124,7 +126,7 @@ pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgre
         client.prepare_typed(LOCK, &[T::TEXT]),
         client.prepare_typed(UNLOCK, &[T::TEXT]),
         client.prepare_typed(SET_TIMEOUTS, &[T::TEXT, T::TEXT]),
-        client.prepare_typed(RESET_TIMEOUTS, &[]),
+        client.simple_query(START_TIMEOUTS),
         client.prepare_typed(VERSION, &[T::TEXT]),
         client.prepare_typed(&read_row, &[T::TEXT, T::INT8]),
         client.prepare_typed(READ_TRANSCRIPT, &[T::TEXT, T::INT8, T::INT8_ARRAY, T::INT8_ARRAY]),
@@ -136,13 +138,28 @@ pub(super) async fn prepare(client: &Client) -> Result<Statements, tokio_postgre
         lock: lock?,
         unlock: unlock?,
         set_timeouts: set_timeouts?,
-        reset_timeouts: reset_timeouts?,
+        reset_values: start_values(&start_timeouts?)?,
         version: version?,
         read_row: read_row?,
         read_transcript: read_transcript?,
         read_copies: read_copies?,
         write: write?,
     })
+}
+
+/// The two start-up timeouts from [`START_TIMEOUTS`]' answer.
+fn start_values(answer: &[SimpleQueryMessage]) -> Result<[String; 2], tokio_postgres::Error> {
+    // (A missing answer keeps the server's default, no timeout.)
+    let row = answer.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    let value = |i: usize| {
+        row.and_then(|row| row.get(i))
+            .map(str::to_string)
+            .unwrap_or_else(|| "0".to_string())
+    };
+    Ok([value(0), value(1)])
 }
 
 /// PostgreSQL round trips this process made to its store (each message sent and its answer
