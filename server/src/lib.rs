@@ -154,6 +154,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
     let bound = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let shutdown = shutdown_signal();
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
@@ -180,33 +181,41 @@ async fn run(options: ServeOptions) -> Result<(), String> {
         limits.body_timeout.as_secs(),
         limits.grace.as_secs()
     );
-    conn::serve(listener, app, limits, shutdown_signal(), move || {
-        shutting_down.shut_down()
-    })
-    .await;
+    conn::serve(listener, app, limits, shutdown, move || shutting_down.shut_down()).await;
     reaper.abort();
     tracing::info!("stopped");
     Ok(())
 }
 
-/// SIGTERM or Ctrl-C (SIGINT).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or Ctrl-C (SIGINT). The handlers are installed when this is called, not when
+/// the future is first polled: `serve` calls it before it prints `listening on`, so a
+/// SIGTERM sent the moment after is a shutdown, never the default kill.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (terminate, interrupt) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
+    async move {
+        #[cfg(unix)]
+        match (terminate, interrupt) {
+            (Ok(mut terminate), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = terminate.recv() => {},
+                    _ = interrupt.recv() => {},
+                }
+            }
+            (Ok(mut terminate), Err(_)) => {
+                terminate.recv().await;
+            }
+            (Err(_), Ok(mut interrupt)) => {
+                interrupt.recv().await;
+            }
+            (Err(_), Err(_)) => std::future::pending::<()>().await,
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
