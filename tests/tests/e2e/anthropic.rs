@@ -4,49 +4,17 @@
 //! by the real `anthropic` Python SDK (in the virtualenv `cargo xtask build` makes in `target/py`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use e2e_tests::anthropic_shape::{compact_arguments, to_anthropic, to_chat};
 use e2e_tests::anthropic_upstream::AnthropicUpstream;
 use e2e_tests::server::{shipped_config, Server};
-use e2e_tests::{real_data_dir, target_dir, workspace_root, TestConfig};
+use e2e_tests::{real_data_dir, TestConfig};
 use serde_json::value::RawValue;
 use serde_json::{json as j, Value};
 
-fn python() -> PathBuf {
-    let python = target_dir().join("py").join("bin").join("python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `cargo xtask build` (it creates target/py with the anthropic SDK)",
-        python.display()
-    );
-    python
-}
-
 /// Runs tests/py/anthropic_client.py with `spec`; its JSON answer.
 fn anthropic_client(spec: &Value) -> Value {
-    let mut child = Command::new(python())
-        .arg(workspace_root().join("tests/py/anthropic_client.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.to_string().as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "the anthropic client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    e2e_tests::python_client("anthropic_client.py", spec)
 }
 
 fn start(config: &TestConfig, upstream: &str) -> Server {

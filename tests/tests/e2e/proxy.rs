@@ -3,52 +3,19 @@
 //! by the real `openai` Python client (the virtualenv `cargo xtask test` makes in
 //! `target/py`) and by a plain HTTP client.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
 use e2e_tests::server::{agent, shipped_config, Answer, Server};
 use e2e_tests::upstream::{Behaviour, TlsIdentity, Upstream};
-use e2e_tests::{json, real_data_dir, target_dir, workspace_root, TestConfig};
+use e2e_tests::{json, real_data_dir, TestConfig};
 use history_engine::{load_chain, stateless_context, turns, Call};
 use history_wire::chat::{history_from_str, history_to_string, provider_history_to_string};
 use serde_json::{json as j, Value};
 
-/// The virtualenv's interpreter, with the `openai` client installed.
-fn python() -> PathBuf {
-    let python = target_dir().join("py").join("bin").join("python");
-    assert!(
-        python.exists(),
-        "{} is missing: run the tests with `cargo xtask test` (it creates target/py with the openai client)",
-        python.display()
-    );
-    python
-}
-
 /// Runs tests/py/openai_client.py with `spec`; its JSON answer.
 pub(crate) fn openai_client(spec: &Value) -> Value {
-    let mut child = Command::new(python())
-        .arg(workspace_root().join("tests/py/openai_client.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.to_string().as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "the openai client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    e2e_tests::python_client("openai_client.py", spec)
 }
 
 pub(crate) fn start(config: &TestConfig, upstream: &str) -> Server {

@@ -3,44 +3,16 @@
 //! Responses request as OpenAI does (`e2e_tests::responses_upstream`), driven by the real
 //! `openai` Python client's `client.responses.create` and by a plain HTTP client.
 
-use std::process::{Command, Stdio};
-
 use e2e_tests::responses_upstream::refusal;
 use e2e_tests::server::{agent, shipped_config, Server};
 use e2e_tests::upstream::{Behaviour, Upstream};
-use e2e_tests::{json, real_data_dir, target_dir, workspace_root, TestConfig};
+use e2e_tests::{json, real_data_dir, TestConfig};
 use serde_json::value::RawValue;
 use serde_json::{json as j, Value};
 
 /// Runs tests/py/openai_responses.py with `spec`; its JSON answer.
 fn responses_client(spec: &Value) -> Value {
-    let python = target_dir().join("py").join("bin").join("python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `cargo xtask test` once",
-        python.display()
-    );
-    let mut child = Command::new(python)
-        .arg(workspace_root().join("tests/py/openai_responses.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.to_string().as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "the openai client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    e2e_tests::python_client("openai_responses.py", spec)
 }
 
 fn start(config: &TestConfig, upstream: &str) -> Server {
