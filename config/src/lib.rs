@@ -1086,6 +1086,35 @@ mod tests {
     }
 
     #[test]
+    fn audio_rates_fall_back_to_the_default_model_then_the_family() {
+        let config = parse(
+            "[models.default]\naudio_tokens_per_second = 12\n[models.gpt-4o-audio]\naudio_tokens_per_second = 20\n\
+             audio_tokens_unknown = 300\n",
+        )
+        .unwrap();
+        let audio = config.media_rules("gpt-4o-audio");
+        assert_eq!(
+            (audio.audio_tokens_per_second, audio.audio_tokens_unknown),
+            (20, Some(300))
+        );
+        let other = config.media_rules("gpt-4o");
+        assert_eq!(
+            (other.audio_tokens_per_second, other.audio_tokens_unknown),
+            (12, None)
+        );
+        let family = parse("").unwrap().media_rules("gpt-4o");
+        assert_eq!(
+            family.audio_tokens_per_second,
+            MediaRules::OPENAI.audio_tokens_per_second
+        );
+        let err = parse("[models.x]\naudio_tokens_per_second = \"fast\"\n").unwrap_err();
+        assert!(
+            err.message.contains("`audio_tokens_per_second` in [models.x]"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn an_upstream_ca_file_is_checked_at_load() {
         let dir = std::env::temp_dir().join(format!("history-ca-file-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -31,6 +31,8 @@ pub struct ModelTable {
     pub image_tokens: Option<ImageTokens>,
     pub image_tokens_unknown: Option<u64>,
     pub document_tokens_per_page: Option<u64>,
+    pub audio_tokens_per_second: Option<u64>,
+    pub audio_tokens_unknown: Option<u64>,
 }
 
 /// The rules a call on model `name` counts images and documents by, from `models` (a
@@ -49,6 +51,9 @@ pub fn media_rules(models: &[(String, ModelTable)], name: &str) -> MediaRules {
         image_tokens_unknown: pick(|t| t.image_tokens_unknown).unwrap_or(family.image_tokens_unknown),
         document_tokens_per_page: pick(|t| t.document_tokens_per_page)
             .unwrap_or(family.document_tokens_per_page),
+        audio_tokens_per_second: pick(|t| t.audio_tokens_per_second)
+            .unwrap_or(family.audio_tokens_per_second),
+        audio_tokens_unknown: pick(|t| t.audio_tokens_unknown).or(family.audio_tokens_unknown),
     }
 }
 
@@ -59,6 +64,8 @@ const KEYS: &[&str] = &[
     "image_tokens",
     "image_tokens_unknown",
     "document_tokens_per_page",
+    "audio_tokens_per_second",
+    "audio_tokens_unknown",
 ];
 
 /// Reads and checks `[models]`: its tables in file order, and `unknown`.
@@ -130,5 +137,7 @@ fn model_table(reader: &Reader<'_>, model: &Table, place: &str) -> Result<ModelT
         image_tokens,
         image_tokens_unknown: reader.integer(model, "image_tokens_unknown", place, 0)?,
         document_tokens_per_page: reader.integer(model, "document_tokens_per_page", place, 0)?,
+        audio_tokens_per_second: reader.integer(model, "audio_tokens_per_second", place, 0)?,
+        audio_tokens_unknown: reader.integer(model, "audio_tokens_unknown", place, 0)?,
     })
 }

@@ -144,6 +144,10 @@ pub struct ChainRun {
     pub working: Vec<RArc<Message>>,
     /// Structural faults of the chain's input (accepted and reported, docs/wire-format.md#input-checks).
     pub input_faults: Vec<String>,
+    /// What the host itself reports of the run's input: a `warning` per content-part type
+    /// it does not know (docs/wire-format.md#part-kinds). Shown beside the plugins' events
+    /// as those of `host`.
+    pub host_events: Vec<Event>,
     pub stages: Vec<StageReport>,
     pub messages_in: usize,
     pub tokens_in: u64,
@@ -151,6 +155,21 @@ pub struct ChainRun {
     /// With a previous output to compare against: the index of the first message of the
     /// final history whose bytes differ from it (docs/plugins.md#token_budget).
     pub prefix_kept: Option<usize>,
+}
+
+impl ChainRun {
+    /// Every event of the run with who reported it: the host's first (`"host"`), then
+    /// each stage's in order.
+    pub fn events(&self) -> impl Iterator<Item = (&str, &Event)> {
+        let host = self.host_events.iter().map(|event| ("host", event));
+        let stages = self.stages.iter().flat_map(|stage| {
+            stage
+                .events
+                .iter()
+                .map(move |event| (stage.plugin.as_str(), event))
+        });
+        host.chain(stages)
+    }
 }
 
 /// A turn failed by a plugin under `on_plugin_error = "fail"`.
@@ -446,6 +465,11 @@ impl Chain {
         for line in &input_fault_lines {
             tracing::warn!("structural fault in the input: {line}");
         }
+        let mut host_events = tokens::unknown_part_events(&history);
+        for event in &mut host_events {
+            event.turn = ctx.turn;
+        }
+        log_events("host", &host_events);
         let mut state = RunState {
             messages_in: history.len(),
             tokens: tokens::history_tokens(ctx.model.tokenizer, &history),
@@ -472,6 +496,7 @@ impl Chain {
             working: working.unwrap_or_else(|| history.clone()),
             history,
             input_faults: input_fault_lines,
+            host_events,
             stages,
             messages_in: state.messages_in,
             tokens_in,

@@ -19,7 +19,7 @@ use std::sync::{Mutex, OnceLock};
 use rustc_hash::FxHasher;
 
 use plugin_api::parts::{MediaRules, PartKind};
-use plugin_api::{Content, Message, Part, RArc, Tokenizer};
+use plugin_api::{Content, Event, EventKind, Message, Part, RArc, Tokenizer};
 
 /// The per-message overhead of docs/plugins.md#token_budget's formula when nothing else is configured.
 pub use plugin_api::DEFAULT_PER_MESSAGE_TOKENS as PER_MESSAGE_TOKENS;
@@ -257,6 +257,34 @@ fn warn_unknown_kind(part: &Part) {
             plugin_api::echo::quoted(name)
         );
     }
+}
+
+/// One `warning` event per content-part type in `history` that the host does not know
+/// (kept verbatim, counted as its JSON text), about the first message carrying it: what a
+/// run reports besides its plugins' events (docs/wire-format.md#part-kinds). Reads each
+/// opaque part's `"type"` from the head of its text, never its payload.
+pub(crate) fn unknown_part_events(history: &[RArc<Message>]) -> Vec<Event> {
+    let mut events: Vec<(String, Event)> = Vec::new();
+    for (index, message) in history.iter().enumerate() {
+        for part in parts_of(&message.content) {
+            if part.kind() != PartKind::Other {
+                continue;
+            }
+            let name = part.type_name().unwrap_or("(no type)");
+            // Bounded like the log: a history of many invented types names the first 16.
+            if events.len() < 16 && !events.iter().any(|(seen, _)| seen == name) {
+                let reason = format!(
+                    "a content part of type {} is not a kind the host knows: kept verbatim, counted as its JSON text (docs/wire-format.md#part-kinds)",
+                    plugin_api::echo::quoted(name)
+                );
+                events.push((
+                    name.to_string(),
+                    Event::of(EventKind::Warning, reason).at(index, message),
+                ));
+            }
+        }
+    }
+    events.into_iter().map(|(_, event)| event).collect()
 }
 
 /// Σ tokens over `items`, each through the content cache: how a message was counted before

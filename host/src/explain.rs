@@ -104,6 +104,9 @@ pub fn explain(
     for fault in &run.input_faults {
         let _ = writeln!(out, "  structural fault in the input: {fault}");
     }
+    for line in event_lines(&run.host_events) {
+        let _ = writeln!(out, "  host: {line}");
+    }
     for (index, stage) in run.stages.iter().enumerate() {
         if index == 0 && stage.ingest {
             let _ = writeln!(

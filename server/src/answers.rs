@@ -82,15 +82,10 @@ pub(crate) fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
     let run = &outcome.run;
     let mut events = Vec::new();
     let mut stats = Vec::new();
-    for stage in outcome.switch.iter().flat_map(|s| &s.stages) {
-        for event in &stage.events {
-            events.push(event_json(&stage.plugin, event));
-        }
+    for (plugin, event) in outcome.switch.iter().flat_map(|s| s.events()).chain(run.events()) {
+        events.push(event_json(plugin, event));
     }
     for stage in &run.stages {
-        for event in &stage.events {
-            events.push(event_json(&stage.plugin, event));
-        }
         let mut stat = json!({
             "plugin": stage.plugin,
             "view": stage.view,

@@ -285,6 +285,9 @@ impl IsolatedPlugin {
         request.u8(rules.image_tokens as u8);
         request.u64(rules.image_tokens_unknown);
         request.u64(rules.document_tokens_per_page);
+        request.u64(rules.audio_tokens_per_second);
+        // `u64::MAX` stands for "not configured" (no count is that large).
+        request.u64(rules.audio_tokens_unknown.unwrap_or(u64::MAX));
         request.len(history.len());
         for message in history {
             request.message(message);

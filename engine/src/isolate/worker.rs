@@ -276,6 +276,8 @@ fn call(instance: &PluginBox, payload: &[u8]) -> Decoded<Encoder> {
         },
         image_tokens_unknown: request.u64()?,
         document_tokens_per_page: request.u64()?,
+        audio_tokens_per_second: request.u64()?,
+        audio_tokens_unknown: Some(request.u64()?).filter(|&tokens| tokens != u64::MAX),
     };
     let count = request.len()?;
     let mut history: Vec<RArc<Message>> = Vec::with_capacity(count);

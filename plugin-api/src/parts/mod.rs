@@ -106,9 +106,9 @@ impl ImageTokens {
     }
 }
 
-/// Tokens per second of audio whose header gives its duration (OpenAI bills audio input
-/// at about one token per 100 ms).
-pub const AUDIO_TOKENS_PER_SECOND: f64 = 10.0;
+/// Tokens per second of audio, the family default (OpenAI bills audio input at about one
+/// token per 100 ms): a model's `audio_tokens_per_second` replaces it.
+pub const AUDIO_TOKENS_PER_SECOND: u64 = 10;
 /// Bytes per second assumed for compressed audio (128 kbit/s) whose header is not read.
 const AUDIO_BYTES_PER_SECOND: f64 = 16_000.0;
 /// Bytes of a PDF per page assumed when its page tree is not readable.
@@ -121,6 +121,11 @@ pub struct MediaRules {
     /// An image whose size is not known (a URL, a file id, an unreadable header).
     pub image_tokens_unknown: u64,
     pub document_tokens_per_page: u64,
+    /// Tokens per second of audio whose duration is known (`audio_tokens_per_second`).
+    pub audio_tokens_per_second: u64,
+    /// The tokens of audio whose header gives no duration (`audio_tokens_unknown`); when
+    /// not configured, its duration is estimated from its size at 128 kbit/s.
+    pub audio_tokens_unknown: Option<u64>,
 }
 
 impl MediaRules {
@@ -129,12 +134,16 @@ impl MediaRules {
         image_tokens: ImageTokens::OpenaiTiles,
         image_tokens_unknown: 765,
         document_tokens_per_page: 1_500,
+        audio_tokens_per_second: AUDIO_TOKENS_PER_SECOND,
+        audio_tokens_unknown: None,
     };
     /// Anthropic's family.
     pub const ANTHROPIC: MediaRules = MediaRules {
         image_tokens: ImageTokens::AnthropicArea,
         image_tokens_unknown: 1_600,
         document_tokens_per_page: 2_000,
+        audio_tokens_per_second: AUDIO_TOKENS_PER_SECOND,
+        audio_tokens_unknown: None,
     };
 
     /// The defaults of the family a model name belongs to: Anthropic's for a name with
@@ -228,7 +237,7 @@ impl Part {
         let cost = match kind {
             PartKind::Image => Some(image_cost(&s, rules)),
             PartKind::Document => document_cost(&s, json, rules),
-            PartKind::Audio => Some(audio_cost(&s)),
+            PartKind::Audio => Some(audio_cost(&s, rules)),
             PartKind::Reasoning => reasoning_cost(json),
             PartKind::Text | PartKind::Other => None,
         };
@@ -324,17 +333,24 @@ fn document_cost<'a>(s: &scan::Scan<'a>, json: &'a str, rules: &MediaRules) -> O
     Some(PartCost::fixed(pages * rules.document_tokens_per_page))
 }
 
-fn audio_cost(s: &scan::Scan<'_>) -> PartCost<'static> {
+/// Audio: its duration from a WAV header × the model's rate; audio whose header gives no
+/// duration costs the model's `audio_tokens_unknown`, else its size at 128 kbit/s × the rate.
+fn audio_cost(s: &scan::Scan<'_>, rules: &MediaRules) -> PartCost<'static> {
     let Some(data) = s.string(2, "data") else {
         return PartCost::fixed(0);
     };
     let data = B64::new(data);
-    let seconds = probe::wav_seconds(&data).unwrap_or(data.len() as f64 / AUDIO_BYTES_PER_SECOND);
-    PartCost::fixed((seconds * AUDIO_TOKENS_PER_SECOND).ceil() as u64)
+    let seconds = match (probe::wav_seconds(&data), rules.audio_tokens_unknown) {
+        (Some(seconds), _) => seconds,
+        (None, Some(tokens)) => return PartCost::fixed(tokens),
+        (None, None) => data.len() as f64 / AUDIO_BYTES_PER_SECOND,
+    };
+    PartCost::fixed((seconds * rules.audio_tokens_per_second as f64).ceil() as u64)
 }
 
-/// Reasoning: its text by the tokenizer, opaque or encrypted reasoning as bytes / 4 (an
-/// estimate: the provider's count is not visible). A signature is not counted.
+/// Reasoning: its text by the tokenizer, opaque or encrypted reasoning (a `thinking`
+/// block's `signature` too: it is sent back and read by the provider) as bytes / 4 (an
+/// estimate: the provider's count is not visible).
 fn reasoning_cost(json: &str) -> Option<PartCost<'static>> {
     let value: Value = serde_json::from_str(json).ok()?;
     let opaque = |key: &str| {
@@ -345,9 +361,11 @@ fn reasoning_cost(json: &str) -> Option<PartCost<'static>> {
     };
     let mut cost = PartCost::default();
     match value.get("type")?.as_str()? {
-        "thinking" => cost
-            .texts
-            .push(Cow::Owned(value.get("thinking")?.as_str()?.to_string())),
+        "thinking" => {
+            cost.texts
+                .push(Cow::Owned(value.get("thinking")?.as_str()?.to_string()));
+            cost.tokens = opaque("signature");
+        }
         "redacted_thinking" => cost.tokens = opaque("data"),
         "reasoning" => {
             for list in ["summary", "content"] {

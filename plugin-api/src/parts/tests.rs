@@ -116,6 +116,33 @@ fn wav_audio_is_counted_by_its_duration() {
     ));
     assert_eq!(part.kind(), PartKind::Audio);
     assert_eq!(fixed(&part, &MediaRules::OPENAI), 30);
+    // A model's own rate; a configured `audio_tokens_unknown` does not apply to a WAV.
+    let rated = MediaRules {
+        audio_tokens_per_second: 25,
+        audio_tokens_unknown: Some(7),
+        ..MediaRules::OPENAI
+    };
+    assert_eq!(fixed(&part, &rated), 75);
+}
+
+#[test]
+fn audio_without_a_duration_costs_the_configured_default_or_its_size_estimate() {
+    // 32,000 bytes of MP3: two seconds at 128 kbit/s.
+    let mp3 = opaque(format!(
+        r#"{{"type":"input_audio","input_audio":{{"data":"{}","format":"mp3"}}}}"#,
+        base64(&vec![0x55; 32_000])
+    ));
+    assert_eq!(fixed(&mp3, &MediaRules::OPENAI), 20);
+    let rated = MediaRules {
+        audio_tokens_per_second: 25,
+        ..MediaRules::OPENAI
+    };
+    assert_eq!(fixed(&mp3, &rated), 50);
+    let configured = MediaRules {
+        audio_tokens_unknown: Some(400),
+        ..rated
+    };
+    assert_eq!(fixed(&mp3, &configured), 400);
 }
 
 #[test]
@@ -124,9 +151,10 @@ fn reasoning_text_is_tokenized_and_encrypted_reasoning_estimated() {
         opaque(r#"{"type":"thinking","thinking":"Let me think.","signature":"EqQBCkYIBx"}"#.into());
     assert_eq!(thinking.kind(), PartKind::Reasoning);
     let cost = thinking.cost(&MediaRules::ANTHROPIC);
+    // The text by the tokenizer, the signature (10 bytes) as bytes / 4.
     assert_eq!(
         (cost.tokens, cost.texts),
-        (0, vec![Cow::Borrowed("Let me think.")])
+        (3, vec![Cow::Borrowed("Let me think.")])
     );
     let redacted = opaque(format!(
         r#"{{"type":"redacted_thinking","data":"{}"}}"#,

@@ -81,21 +81,21 @@ impl TurnLog {
         let stages = outcome.switch.iter().flat_map(|s| &s.stages).chain(&run.stages);
         let mut events = Vec::new();
         let mut events_total = 0;
+        for (plugin, event) in outcome.switch.iter().flat_map(|s| s.events()).chain(run.events()) {
+            events_total += 1;
+            if events.len() < EVENTS_PER_TURN {
+                events.push(EventRecord {
+                    plugin: plugin.to_string(),
+                    kind: event.kind.as_str().to_string(),
+                    index: event.index.into_option(),
+                    id: event.id.as_ref().into_option().map(|s| s.to_string()),
+                    reason: event.reason.to_string(),
+                    tokens_saved: event.tokens_saved.into_option(),
+                });
+            }
+        }
         let mut stage_records = Vec::new();
         for stage in stages {
-            for event in &stage.events {
-                events_total += 1;
-                if events.len() < EVENTS_PER_TURN {
-                    events.push(EventRecord {
-                        plugin: stage.plugin.clone(),
-                        kind: event.kind.as_str().to_string(),
-                        index: event.index.into_option(),
-                        id: event.id.as_ref().into_option().map(|s| s.to_string()),
-                        reason: event.reason.to_string(),
-                        tokens_saved: event.tokens_saved.into_option(),
-                    });
-                }
-            }
             stage_records.push(StageRecord {
                 plugin: stage.plugin.clone(),
                 view: stage.view,
@@ -158,6 +158,7 @@ mod tests {
                 history: Vec::new(),
                 working: Vec::new(),
                 input_faults: Vec::new(),
+                host_events: Vec::new(),
                 stages: Vec::new(),
                 messages_in: 2,
                 tokens_in: 100,

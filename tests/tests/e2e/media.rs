@@ -273,7 +273,9 @@ fn reasoning_in_both_shapes_is_counted_older_turns_cleared_and_the_open_loop_kep
     ];
     // Counted: the reasoning's text is in the tokens (before, reasoning_content counted 0).
     let text = |t: &str| count_text(Tokenizer::O200kBase, t);
+    // Each 16-byte signature counts as bytes / 4 (it goes back to the provider).
     let expected: u64 = 7 * 3
+        + 2 * 4
         + text("Plan the trip.")
         + text("Booked the flight.")
         + text("The user wants a trip; flights first, then the hotel near the venue.")
@@ -318,5 +320,63 @@ fn reasoning_in_both_shapes_is_counted_older_turns_cleared_and_the_open_loop_kep
         "the open tool loop's thinking block, signature intact"
     );
     assert_eq!(sent[6], messages[6]);
+    assert_eq!(server.stop().code(), Some(0));
+}
+
+/// A part of a kind the host does not know is kept and counted as its JSON text; each run
+/// whose input carries one reports a `warning` of `host` naming the type once, about the
+/// first message carrying it, through `process --explain` and a session's turn alike.
+#[test]
+fn an_unknown_part_kind_is_one_host_warning_per_run_naming_it() {
+    let widget = |n: u32| j!({"type": "x_vendor_widget", "widget": {"n": n}});
+    let messages = vec![
+        j!({"role": "user", "content": [{"type": "text", "text": "Show the dashboard."}, widget(1)]}),
+        j!({"role": "assistant", "content": "Here it is."}),
+        j!({"role": "user", "content": [widget(2), {"type": "text", "text": "And this one?"}]}),
+    ];
+    let config = TestConfig::new("[history]\nagent_max_ctx = 50\nchain = [\"default\"]\n");
+    let document = j!({ "messages": messages }).to_string();
+    let output = config.process(&["--model", "default", "--explain"], &document);
+    assert_eq!(output.status.code(), Some(0), "{}", e2e_tests::describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("host: warning")).collect();
+    assert_eq!(lines.len(), 1, "one warning for the type: {stderr}");
+    assert!(
+        lines[0].contains("at message 0") && lines[0].contains("\"x_vendor_widget\""),
+        "{}",
+        lines[0]
+    );
+    let out = e2e_tests::json(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(out[2]["content"][0], widget(2), "kept verbatim");
+
+    let store = e2e_tests::store::TestStore::new(e2e_tests::store::Kind::Sqlite, &config);
+    let server = e2e_tests::server::Server::start(&config.path, store.path(), &[]);
+    let id = server.create("default");
+    let answer = server.post(&format!("/v1/sessions/{id}/turns"), &j!({ "messages": messages }));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let host: Vec<&Value> = answer.body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["plugin"] == "host")
+        .collect();
+    assert_eq!(host.len(), 1, "{}", answer.body["events"]);
+    assert_eq!((&host[0]["kind"], &host[0]["index"]), (&j!("warning"), &j!(0)));
+    assert!(host[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("\"x_vendor_widget\""));
+    // The next turn's input holds the parts again: it reports them again, once.
+    let next = server.post(
+        &format!("/v1/sessions/{id}/turns"),
+        &j!({ "messages": [{"role": "user", "content": "Thanks."}] }),
+    );
+    let again = next.body["events"].as_array().unwrap();
+    assert_eq!(
+        again.iter().filter(|e| e["plugin"] == "host").count(),
+        1,
+        "{}",
+        next.body
+    );
     assert_eq!(server.stop().code(), Some(0));
 }
