@@ -290,6 +290,26 @@ impl Reader<'_> {
             },
         }
     }
+
+    /// An array of strings.
+    fn strings(&self, table: &Table, key: &str, place: &str) -> Result<Option<Vec<String>>, ConfigError> {
+        let Some(item) = table.get(key) else {
+            return Ok(None);
+        };
+        let strings = item
+            .as_array()
+            .and_then(|array| array.iter().map(|v| v.as_str().map(str::to_string)).collect());
+        strings.map(Some).ok_or_else(|| {
+            self.key_error(
+                table,
+                key,
+                format!(
+                    "`{key}` in {place} must be an array of strings, found {}",
+                    shown(item)
+                ),
+            )
+        })
+    }
 }
 
 /// A `ca_file` must be readable and hold at least one PEM certificate: said at load, not

@@ -1,6 +1,6 @@
 //! `[server]` (docs/configuration.md#server): the session service's connections — how
 //! long a client may take to send a request, how many are open at once, and how long
-//! SIGTERM waits for running requests.
+//! SIGTERM waits for running requests; which `Host` names the MCP endpoint answers.
 
 use toml_edit::Table;
 
@@ -30,6 +30,9 @@ pub struct ServerConfig {
     pub max_connections: u64,
     /// How long SIGTERM waits for running requests before answering them 503.
     pub shutdown_grace_s: u64,
+    /// `Host` names (or `host:port`) `/mcp` answers besides the loopback ones
+    /// (docs/mcp.md#the-server): DNS-rebinding protection stays on for every other name.
+    pub mcp_allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -40,6 +43,7 @@ impl Default for ServerConfig {
             body_timeout_s: DEFAULT_BODY_TIMEOUT_S,
             max_connections: 0,
             shutdown_grace_s: DEFAULT_SHUTDOWN_GRACE_S,
+            mcp_allowed_hosts: Vec::new(),
         }
     }
 }
@@ -57,6 +61,7 @@ pub(super) fn read(reader: &Reader<'_>, table: &Table) -> Result<ServerConfig, C
             "body_timeout_s",
             "max_connections",
             "shutdown_grace_s",
+            "mcp_allowed_hosts",
         ],
     )?;
     let defaults = ServerConfig::default();
@@ -76,6 +81,9 @@ pub(super) fn read(reader: &Reader<'_>, table: &Table) -> Result<ServerConfig, C
         shutdown_grace_s: reader
             .integer(table, "shutdown_grace_s", PLACE, 0)?
             .unwrap_or(defaults.shutdown_grace_s),
+        mcp_allowed_hosts: reader
+            .strings(table, "mcp_allowed_hosts", PLACE)?
+            .unwrap_or(defaults.mcp_allowed_hosts),
     })
 }
 
@@ -91,7 +99,7 @@ mod tests {
     fn the_server_table_is_read_with_its_defaults_and_checked() {
         let parse = |text: &str| Config::parse(Path::new("/x/plugins-enabled.toml"), text.to_string());
         assert_eq!(parse("").unwrap().server, ServerConfig::default());
-        let server = parse("[server]\nheader_timeout_s = 2\nidle_timeout_s = 7\nbody_timeout_s = 3\nmax_connections = 40\nshutdown_grace_s = 0\n")
+        let server = parse("[server]\nheader_timeout_s = 2\nidle_timeout_s = 7\nbody_timeout_s = 3\nmax_connections = 40\nshutdown_grace_s = 0\nmcp_allowed_hosts = [\"a.test\", \"10.0.0.5:7878\"]\n")
             .unwrap()
             .server;
         assert_eq!(
@@ -102,6 +110,7 @@ mod tests {
                 body_timeout_s: 3,
                 max_connections: 40,
                 shutdown_grace_s: 0,
+                mcp_allowed_hosts: vec!["a.test".into(), "10.0.0.5:7878".into()],
             }
         );
         let err = parse("[server]\nheader_timeout_s = 0\n").unwrap_err();

@@ -147,6 +147,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             traffic: Arc::default(),
         },
         config.max_body_mb,
+        &config.server.mcp_allowed_hosts,
     );
     let listener = tokio::net::TcpListener::bind(listen)
         .await

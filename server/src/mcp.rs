@@ -25,12 +25,19 @@ use crate::recall;
 
 /// The header that names the session for every tool call of an MCP connection.
 const SESSION_HEADER: &str = "x-history-session";
-/// The `/mcp` service: one [`Recall`] per MCP session.
-pub(crate) fn service(service: Arc<Service>) -> StreamableHttpService<Recall, LocalSessionManager> {
+/// The `/mcp` service: one [`Recall`] per MCP session. It answers requests whose `Host`
+/// is a loopback name or one of `extra_hosts` (`[server] mcp_allowed_hosts`); rmcp refuses
+/// any other with 403, its protection against DNS rebinding (docs/mcp.md#the-server).
+pub(crate) fn service(
+    service: Arc<Service>,
+    extra_hosts: &[String],
+) -> StreamableHttpService<Recall, LocalSessionManager> {
+    let mut config = StreamableHttpServerConfig::default();
+    config.allowed_hosts.extend(extra_hosts.iter().cloned());
     StreamableHttpService::new(
         move || Ok(Recall::new(service.clone())),
         LocalSessionManager::default().into(),
-        StreamableHttpServerConfig::default(),
+        config,
     )
 }
 
@@ -101,6 +108,25 @@ impl Recall {
             })
     }
 
+    /// Runs `call` on the session a tool call is about, its answer (or why there is no
+    /// session) as the tool's result.
+    async fn on_session<Call, Answer>(
+        &self,
+        given: Option<String>,
+        ctx: &RequestContext<RoleServer>,
+        call: Call,
+    ) -> Result<CallToolResult, ErrorData>
+    where
+        Call: FnOnce(Arc<Service>, String) -> Answer,
+        Answer: std::future::Future<Output = Result<Value, String>>,
+    {
+        let result = match Self::session(given, ctx) {
+            Ok(session) => call(self.service.clone(), session).await,
+            Err(why) => Err(why),
+        };
+        Ok(answered(result))
+    }
+
     #[tool(
         description = "Read the original of a message the history manager omitted, compacted or summarized away, by the id its placeholder names. The session keeps it expanded from then on."
     )]
@@ -109,11 +135,10 @@ impl Recall {
         Parameters(args): Parameters<ExpandArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let session = match Self::session(args.session, &ctx) {
-            Ok(session) => session,
-            Err(why) => return Ok(answered(Err(why))),
-        };
-        Ok(answered(recall::expand(&self.service, &session, &args.id).await))
+        self.on_session(args.session, &ctx, |service, session| async move {
+            recall::expand(&service, &session, &args.id).await
+        })
+        .await
     }
 
     #[tool(
@@ -124,13 +149,10 @@ impl Recall {
         Parameters(args): Parameters<SearchArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let session = match Self::session(args.session, &ctx) {
-            Ok(session) => session,
-            Err(why) => return Ok(answered(Err(why))),
-        };
-        Ok(answered(
-            recall::search(&self.service, &session, &args.query, args.limit).await,
-        ))
+        self.on_session(args.session, &ctx, |service, session| async move {
+            recall::search(&service, &session, &args.query, args.limit).await
+        })
+        .await
     }
 
     #[tool(
@@ -141,13 +163,10 @@ impl Recall {
         Parameters(args): Parameters<GetArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let session = match Self::session(args.session, &ctx) {
-            Ok(session) => session,
-            Err(why) => return Ok(answered(Err(why))),
-        };
-        Ok(answered(
-            recall::messages(&self.service, &session, &args.ids).await,
-        ))
+        self.on_session(args.session, &ctx, |service, session| async move {
+            recall::messages(&service, &session, &args.ids).await
+        })
+        .await
     }
 }
 

@@ -25,7 +25,9 @@ use crate::auth::{self, Denied};
 /// The largest transcript page.
 const MAX_PAGE: u64 = 1000;
 
-pub fn router(app: App, max_body_mb: u64) -> Router {
+/// Every route on `app`: bodies up to `max_body_mb`, `/mcp` answering the loopback names
+/// and `mcp_hosts` (`[server] mcp_allowed_hosts`).
+pub fn router(app: App, max_body_mb: u64, mcp_hosts: &[String]) -> Router {
     let limit = (max_body_mb as usize).saturating_mul(1 << 20);
     Router::new()
         .route("/v1/sessions", post(create).get(list))
@@ -52,7 +54,7 @@ pub fn router(app: App, max_body_mb: u64) -> Router {
         // Readiness, under the name it had before the split (docs/http-api.md#probes).
         .route("/healthz", get(readyz))
         .route("/metrics", get(metrics))
-        .nest_service("/mcp", crate::mcp::service(app.service.clone()))
+        .nest_service("/mcp", crate::mcp::service(app.service.clone(), mcp_hosts))
         .merge(crate::ui::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // A body that says it is too large is refused before any of it is read; one that

@@ -26,6 +26,7 @@ mod host_services;
 mod ingest;
 mod inspector;
 mod isolation;
+mod mcp_hosts;
 mod media;
 mod metrics;
 mod process_cli;
