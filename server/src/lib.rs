@@ -7,6 +7,7 @@
 
 mod answers;
 mod anthropic;
+mod body;
 mod app;
 mod auth;
 mod conn;
@@ -144,6 +145,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             token: token.map(Arc::from),
             upstream,
             resent: Arc::default(),
+            resent_items: Arc::default(),
             traffic: Arc::default(),
         },
         config.max_body_mb,

@@ -39,7 +39,7 @@ fn an_unchanged_input_is_written_back_byte_for_byte() {
     assert_eq!(run.tool_calls.len(), 1);
     assert_eq!(run.tool_calls[0].id.as_str(), "call_1");
     assert_eq!(parsed.messages[3].call_id(), Some("call_1"));
-    let written = parsed.record.write(&parsed.messages);
+    let written = parsed.write(&parsed.messages);
     assert_eq!(written.instructions.as_deref(), Some(r#""You are Codex.""#));
     // Items as they came, joined by commas (the whitespace between items is not theirs).
     let items: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
@@ -54,7 +54,7 @@ fn an_unchanged_input_is_written_back_byte_for_byte() {
 fn a_string_input_comes_back_as_that_string() {
     let parsed = parse(None, raw(r#""hello \u00e9""#)).unwrap();
     assert_eq!(parsed.messages.len(), 1);
-    let written = parsed.record.write(&parsed.messages);
+    let written = parsed.write(&parsed.messages);
     assert_eq!(written.instructions, None);
     assert_eq!(written.input, r#""hello \u00e9""#);
 }
@@ -106,7 +106,7 @@ fn a_trimmed_output_keeps_reasoning_adjacent_and_calls_paired() {
     let m = &parsed.messages;
     // Drop the first call with its output (the unit a plugin keeps or drops together).
     let trimmed: Vec<RArc<Message>> = [0, 3, 4, 5, 6, 7, 8].iter().map(|&i| m[i].clone()).collect();
-    let written = parsed.record.write(&trimmed);
+    let written = parsed.write(&trimmed);
     let out = items(&written.input);
     valid(&out).unwrap();
     assert!(
@@ -126,7 +126,7 @@ fn a_trimmed_output_keeps_reasoning_adjacent_and_calls_paired() {
     run.content = Content::Text("[omitted]".into());
     let placeholder = Message::placeholder_result(&m[3], "call_2", "[output omitted]");
     let changed = vec![m[0].clone(), RArc::new(run), RArc::new(placeholder)];
-    let written = parsed.record.write(&changed);
+    let written = parsed.write(&changed);
     let out = items(&written.input);
     valid(&out).unwrap();
     assert_eq!(out[1]["role"], "assistant");
@@ -152,7 +152,6 @@ fn a_changed_message_keeps_its_other_members_and_a_lone_reasoning_item_is_droppe
     let mut run = (*m[1]).clone();
     run.tool_calls = Default::default();
     let written = parsed
-        .record
         .write(&[RArc::new(run), RArc::new(output), RArc::new(user)]);
     let out = items(&written.input);
     assert_eq!(out.len(), 2, "{}", written.input);
@@ -205,7 +204,7 @@ fn a_message_kept_in_the_chat_format_reads_back_as_the_same_message() {
             RArc::new(read)
         })
         .collect();
-    let written = parsed.record.write(&back);
+    let written = parsed.write(&back);
     let items: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
     let expected = format!(
         "[{}]",
@@ -232,7 +231,7 @@ fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
     call.tool_calls[0].arguments = r#"{"q":"y"}"#.into();
     let mut output = (*m[4]).clone();
     output.content = Content::Text("[cut]".into());
-    let written = parsed.record.write(&[
+    let written = parsed.write(&[
         m[0].clone(),
         m[1].clone(),
         m[2].clone(),
@@ -260,7 +259,6 @@ fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
         .into(),
     );
     let written = parsed
-        .record
         .write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
     assert_eq!(items(&written.input)[2]["output"]["file_id"], "f");
 }
