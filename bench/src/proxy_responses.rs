@@ -1,7 +1,8 @@
 //! `history-bench proxy --wire responses`: the same resent conversation as OpenAI
 //! Responses input (docs/proxy.md#responses), through `POST /v1/responses` beside the
 //! direct call, so the Responses wire's added latency stands beside the chat wire's in one
-//! run (issue #28's target: within 1.2× of the chat wire's).
+//! run (issue #28's target: within 1.2× of the chat wire's). [`measure`] measures any
+//! other wire so (`proxy_anthropic.rs` gives the Anthropic request).
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ pub const RESPONSE: &str = r#"{"id":"resp_bench","object":"response","created_at
 
 /// A chat conversation as a Responses request: the system text as `instructions`, each
 /// assistant turn a reasoning item (encrypted content) before its message and calls.
-fn request(conversation: &[Value]) -> Bytes {
+pub fn request(conversation: &[Value]) -> Bytes {
     let text = |m: &Value| match &m["content"] {
         Value::String(text) => text.clone(),
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
@@ -55,20 +56,21 @@ fn request(conversation: &[Value]) -> Bytes {
     Bytes::from(body.to_string())
 }
 
-/// Direct and proxied Responses calls, alternating; the added latency against the chat
-/// wire's (`chat_added`: its added p50 and p99, in ms).
+/// Another wire's direct and proxied calls (`body` to `path` on the stand-in and on the
+/// host), alternating; the added latency against the chat wire's (`chat_added`: its added
+/// p50 and p99, in ms).
 pub async fn measure(
     client: &HttpClient,
     server: &Serve,
     upstream: &str,
-    conversation: &[Value],
+    path: &str,
+    body: Bytes,
     requests: usize,
     chat_added: (f64, f64),
 ) -> Result<Value> {
-    let body = request(conversation);
-    let direct = format!("{upstream}/responses");
-    let proxied = server.url("/v1/responses");
-    // Warm: the first request tokenizes the conversation's items.
+    let direct = format!("{upstream}{path}");
+    let proxied = server.url(&format!("/v1{path}"));
+    // Warm: the first request tokenizes the conversation.
     for _ in 0..BLOCK {
         timed(client, &proxied, &body, false).await?;
     }
@@ -79,6 +81,7 @@ pub async fn measure(
     };
     let (p50, p99) = (added(0.5), added(0.99));
     Ok(json!({
+        "path": format!("/v1{path}"),
         "request_bytes": body.len(),
         "requests": requests,
         "direct": latency(&on_direct),

@@ -115,6 +115,8 @@ pub async fn messages(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let upstream = proxy::upstream(&app)?;
+    let started = std::time::Instant::now();
+    let at = history_sessions::clock::now_ms();
     let bytes = read_body(body)?;
     let body = match RequestBody::read(&bytes, Some("messages")) {
         Ok(RequestBody::Object(body)) => body,
@@ -157,11 +159,30 @@ pub async fn messages(
     let system = body.member("system").map(RawValue::get);
     let mut parsed = anthropic::parse(system, &texts).map_err(|e| AnthropicError::invalid(e.0))?;
 
-    let (run, unknown_model) = run_chain(&app, session.as_deref(), &mut parsed, model).await?;
+    let (run, unknown_model) = run_chain(&app, session.as_deref(), &mut parsed, model.clone()).await?;
     let written = anthropic::write(&parsed, &run.history);
     let forwarded = forwarded_with_system(&body.members, &written);
     let path = upstream_path(&upstream.base, "");
-    let mut response = proxy::forward(upstream, Method::POST, &path, &headers, forwarded).await?;
+    let added_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let kept = app.traffic.keeps_bodies().then(|| forwarded.clone());
+    let mut answer = proxy::forward(upstream, Method::POST, &path, &headers, forwarded).await;
+    let request = crate::traffic::Request {
+        at,
+        wire: "anthropic",
+        model: Some(model),
+        session: session.is_some(),
+        messages_in: run.messages_in,
+        messages_sent: run.history.len(),
+        tokens_in: run.tokens_in,
+        tokens_sent: run.tokens_out,
+        added_ms,
+        status: match &answer {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        },
+    };
+    app.traffic.record(request, kept.as_ref(), answer.as_mut().ok());
+    let mut response = answer?;
     let added = response.headers_mut();
     let mut add = |name: &'static str, value: String| {
         if let Ok(value) = HeaderValue::from_str(&value) {

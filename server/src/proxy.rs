@@ -209,7 +209,7 @@ pub async fn chat_completions(
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = history_wire::chat::provider_history_to_string(&run.history);
     let added_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let forwarded = match (&session, upstream.recall_rounds) {
+    let (mut forwarded, kept) = match (&session, upstream.recall_rounds) {
         // A session's plain request may have the model call the recall tools
         // (docs/mcp.md#the-proxy); a streamed one is forwarded as it is.
         (Some(id), Some(rounds)) if !crate::proxy_recall::streamed(&body.members) => {
@@ -218,15 +218,19 @@ pub async fn chat_completions(
                 session: id,
                 rounds,
             };
-            recall.run(upstream, &headers, &body.members, &sent).await
+            (recall.run(upstream, &headers, &body.members, &sent).await, None)
         }
         _ => {
             let body = forwarded_body(&body.members, &sent, &[]);
+            let kept = app.traffic.keeps_bodies().then(|| body.clone());
             drop(bytes);
-            forward(upstream, Method::POST, "/chat/completions", &headers, body).await
+            (
+                forward(upstream, Method::POST, "/chat/completions", &headers, body).await,
+                kept,
+            )
         }
     };
-    app.traffic.record(crate::traffic::Request {
+    let request = crate::traffic::Request {
         at,
         wire: "chat",
         model,
@@ -240,7 +244,8 @@ pub async fn chat_completions(
             Ok(response) => response.status().as_u16(),
             Err(e) => e.status.as_u16(),
         },
-    });
+    };
+    app.traffic.record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {

@@ -29,6 +29,8 @@ pub async fn responses(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let upstream = upstream(&app)?;
+    let started = std::time::Instant::now();
+    let at = history_sessions::clock::now_ms();
     let bytes = body.map_err(|rejection| {
         OpenAiError::new(
             rejection.status(),
@@ -68,7 +70,7 @@ pub async fn responses(
     if parsed.messages.is_empty() {
         return Err(OpenAiError::invalid("input: at least one item is needed"));
     }
-    let StatelessRun { run, unknown_model } = run_chain(&app, &headers, &mut parsed, model).await?;
+    let StatelessRun { run, unknown_model } = run_chain(&app, &headers, &mut parsed, model.clone()).await?;
     let written = parsed.write(&run.history);
     // `instructions` as written, or left out when the chain did not keep it (a `null`
     // stays as it came).
@@ -84,8 +86,26 @@ pub async fn responses(
     drop(parsed);
     drop(members);
     drop(bytes);
-
-    let mut response = forward(upstream, Method::POST, PATH, &headers, body).await?;
+    let added_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let kept = app.traffic.keeps_bodies().then(|| body.clone());
+    let mut forwarded = forward(upstream, Method::POST, PATH, &headers, body).await;
+    let request = crate::traffic::Request {
+        at,
+        wire: "responses",
+        model,
+        session: headers.contains_key(SESSION_HEADER),
+        messages_in: run.messages_in,
+        messages_sent: run.history.len(),
+        tokens_in: run.tokens_in,
+        tokens_sent: run.tokens_out,
+        added_ms,
+        status: match &forwarded {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        },
+    };
+    app.traffic.record(request, kept.as_ref(), forwarded.as_mut().ok());
+    let mut response = forwarded?;
     let added = response.headers_mut();
     let mut add = |name: &'static str, value: String| {
         if let Ok(value) = HeaderValue::from_str(&value) {

@@ -172,13 +172,9 @@ pub fn parse_with<'a>(
             let raws: Vec<&'a RawValue> = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
             read_items(&raws, memory, &mut units)?;
             for unit in &mut units[messages.len()..] {
-                let message = match memory.message(&unit.items) {
-                    Some(message) => message,
-                    None => {
-                        unit.made = true;
-                        RArc::new(unit.make())
-                    }
-                };
+                let found = memory.message(&unit.items);
+                unit.made = found.is_none();
+                let message = found.unwrap_or_else(|| RArc::new(unit.make()));
                 messages.push(message);
             }
         }

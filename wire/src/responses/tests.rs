@@ -262,3 +262,73 @@ fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
         .write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
     assert_eq!(items(&written.input)[2]["output"]["file_id"], "f");
 }
+
+/// A memory as the proxy keeps one (server/src/resent.rs), unbounded.
+#[derive(Default)]
+struct Remembering {
+    items: std::cell::RefCell<Vec<(String, std::sync::Arc<super::Item>)>>,
+    messages: std::cell::RefCell<Vec<(Vec<std::sync::Arc<super::Item>>, RArc<Message>)>>,
+}
+
+impl super::Memory for Remembering {
+    fn item(&self, raw: &str) -> Option<std::sync::Arc<super::Item>> {
+        self.items.borrow().iter().find(|(seen, _)| seen == raw).map(|(_, item)| item.clone())
+    }
+    fn message(&self, items: &[std::sync::Arc<super::Item>]) -> Option<RArc<Message>> {
+        self.messages
+            .borrow()
+            .iter()
+            .find(|(seen, _)| seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| std::sync::Arc::ptr_eq(a, b)))
+            .map(|(_, message)| message.clone())
+    }
+}
+
+impl Remembering {
+    fn keep(&self, parsed: &super::Parsed<'_>) {
+        for (raw, item) in parsed.parsed_items() {
+            self.items.borrow_mut().push((raw.to_string(), item.clone()));
+        }
+        for (items, message) in parsed.made_messages() {
+            self.messages.borrow_mut().push((items.to_vec(), message.clone()));
+        }
+    }
+}
+
+#[test]
+fn a_resent_item_is_the_same_item_and_message_and_writes_back_wherever_it_now_is() {
+    let memory = Remembering::default();
+    let first = super::parse_with(None, raw(INPUT), &memory).unwrap();
+    memory.keep(&first);
+    assert_eq!(first.parsed_items().count(), 12);
+    // The same input again: nothing parsed or made, the same messages.
+    let again = super::parse_with(None, raw(INPUT), &memory).unwrap();
+    assert_eq!(again.parsed_items().count(), 0);
+    assert_eq!(again.made_messages().count(), 0);
+    for (a, b) in first.messages.iter().zip(&again.messages) {
+        assert!(std::ptr::eq::<Message>(&**a, &**b));
+    }
+    // The client dropped its first two items and added one: the remembered messages sit
+    // at other positions now, and still write back as their bytes, a changed one rewritten.
+    let source: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
+    let mut shifted: Vec<&str> = source[2..].iter().map(|i| i.get()).collect();
+    shifted.push(r#"{"type":"message","role":"user","content":"more"}"#);
+    let shifted = format!("[{}]", shifted.join(","));
+    let parsed = super::parse_with(None, raw(&shifted), &memory).unwrap();
+    assert_eq!(parsed.parsed_items().count(), 1);
+    let m = &parsed.messages;
+    let expected = format!("[{}]", source[4..].iter().map(|i| i.get()).collect::<Vec<_>>().join(","));
+    // The first call (now a lone call item at the front) dropped, its output too.
+    let mut kept: Vec<RArc<Message>> = m[2..].to_vec();
+    let written = parsed.write(&kept);
+    assert!(written.input.starts_with(&expected[..expected.len() - 1]), "{}", written.input);
+    assert!(written.input.ends_with(r#"{"type":"message","role":"user","content":"more"}]"#));
+    // A changed remembered message is found by its identity and rewritten in place.
+    let at = kept.iter().position(|m| m.role == Role::Developer).unwrap();
+    let mut developer = (*kept[at]).clone();
+    developer.content = Content::Text("be very brief".into());
+    kept[at] = RArc::new(developer);
+    let out = items(&parsed.write(&kept).input);
+    valid(&out).unwrap();
+    assert!(out.iter().any(|i| i["role"] == "developer" && i["content"] == "be very brief"));
+    assert!(!out.iter().any(|i| i["content"] == "be brief"));
+}
