@@ -5,6 +5,7 @@
 //! `target/ui-screenshots/`.
 
 mod browser;
+mod bodies;
 mod scale;
 
 use std::io::Write;
