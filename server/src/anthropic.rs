@@ -157,7 +157,9 @@ pub async fn messages(
         ),
     };
     let system = body.member("system").map(RawValue::get);
-    let mut parsed = anthropic::parse(system, &texts).map_err(|e| AnthropicError::invalid(e.0))?;
+    // A resent message is found, not parsed (crate::resent).
+    let mut parsed = anthropic::parse_with(system, &texts, &*app.resent_anthropic)
+        .map_err(|e| AnthropicError::invalid(e.0))?;
 
     let (run, unknown_model) = run_chain(&app, session.as_deref(), &mut parsed, model.clone()).await?;
     let written = anthropic::write(&parsed, &run.history);
@@ -236,6 +238,7 @@ async fn run_chain(
             let turn = turns::current_turn(&parsed.messages, None);
             turns::prepare(&mut parsed.messages, turn);
             parsed.note_origins();
+            app.resent_anthropic.remember(parsed);
             let history = parsed.messages.clone();
             // An unlisted model runs as `default` (docs/proxy.md#models).
             let stateless = app

@@ -146,6 +146,7 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             upstream,
             resent: Arc::default(),
             resent_items: Arc::default(),
+            resent_anthropic: Arc::default(),
             traffic: Arc::new(traffic::Traffic::new(&config.ui)),
         },
         config.max_body_mb,

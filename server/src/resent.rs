@@ -13,6 +13,7 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use history_engine::bounded::BoundedMap;
+use history_wire::anthropic;
 use history_wire::chat::{parse_message, ShapeError};
 use history_wire::responses::{Item, Memory, Parsed};
 use plugin_api::{Message, RArc};
@@ -154,6 +155,36 @@ impl ResentItems {
             let key = items_key(items);
             let bytes = items.iter().map(|item| item.weight()).sum::<usize>();
             self.messages.insert(key >> 60, key, (items.into(), message.clone()), bytes);
+        }
+    }
+}
+
+/// The same memory for the Anthropic wire (docs/proxy.md#anthropic-messages): each
+/// message's text with what it was read into (its host messages, prepared).
+pub(crate) struct ResentAnthropic(BoundedMap<Key, (Box<str>, Arc<anthropic::Read>)>);
+
+impl Default for ResentAnthropic {
+    fn default() -> Self {
+        ResentAnthropic(BoundedMap::new(MAX_ENTRIES, MAX_BYTES))
+    }
+}
+
+impl anthropic::Memory for ResentAnthropic {
+    fn message(&self, raw: &str) -> Option<Arc<anthropic::Read>> {
+        let key = key(raw);
+        self.0
+            .get(spread(key), &key, |(seen, read)| (**seen == *raw).then(|| read.clone()))
+            .flatten()
+    }
+}
+
+impl ResentAnthropic {
+    /// Keeps what `parsed` read, once its messages are prepared.
+    pub(crate) fn remember(&self, parsed: &anthropic::Parsed<'_>) {
+        for (raw, read) in parsed.reads() {
+            let key = key(raw);
+            let bytes = raw.len() + read.weight();
+            self.0.insert(spread(key), key, (raw.into(), Arc::new(read)), bytes);
         }
     }
 }
