@@ -11,12 +11,12 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 use history_engine::turns;
 use history_sessions::StatelessRun;
-use history_wire::responses::Parsed;
+use history_wire::responses::{Input, Parsed};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::app::App;
-use crate::body::{forwarded_body, member, RequestBody};
+use crate::body::{forwarded_body, member, Elements, Members, RequestBody};
 use crate::proxy::{forward, upstream, OpenAiError, Result, SESSION_HEADER};
 
 /// The upstream path, under the upstream's base URL (which ends in `/v1`).
@@ -39,8 +39,17 @@ pub async fn responses(
             format!("cannot read the body: {}", rejection.body_text()),
         )
     })?;
-    let members = match RequestBody::read(&bytes, None) {
-        Ok(RequestBody::Object(body)) => body.members,
+    // Read once, `input` split into its items in the same pass; a string `input` (or
+    // any other value) is read again whole, its text written back as it came.
+    let (members, items) = match RequestBody::read(&bytes, Some("input")) {
+        Ok(RequestBody::Object(Members {
+            members,
+            split: Some(Elements::Array(items)),
+        })) => (members, Some(items)),
+        Ok(RequestBody::Object(_)) => match RequestBody::read(&bytes, None) {
+            Ok(RequestBody::Object(body)) => (body.members, None),
+            _ => return Err(OpenAiError::invalid("the body must be a JSON object")),
+        },
         Ok(RequestBody::Other) => return Err(OpenAiError::invalid("the body must be a JSON object")),
         Err(e) => return Err(OpenAiError::invalid(format!("the body is not valid JSON: {e}"))),
     };
@@ -61,7 +70,11 @@ pub async fn responses(
         Some(Ok(_)) => return Err(OpenAiError::invalid("model: expected a string")),
         Some(Err(e)) => return Err(OpenAiError::invalid(format!("model: {e}"))),
     };
-    let input = member(&members, "input").ok_or_else(|| OpenAiError::invalid("missing \"input\""))?;
+    let input = match (&items, member(&members, "input")) {
+        (Some(items), _) => Input::Items(items),
+        (None, Some(raw)) => Input::Raw(raw),
+        (None, None) => return Err(OpenAiError::invalid("missing \"input\"")),
+    };
     // A resent item is found, not parsed (crate::resent), here on the async thread as the
     // body was; only the chain goes to a blocking thread.
     let mut parsed =

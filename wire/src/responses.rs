@@ -140,13 +140,21 @@ const ORIGIN_TAG: u64 = 1 << 62;
 /// Reads `instructions` (raw JSON text, if present) and `input` (raw JSON text), every
 /// item parsed.
 pub fn parse<'a>(instructions: Option<&'a RawValue>, input: &'a RawValue) -> Result<Parsed<'a>, String> {
-    parse_with(instructions, input, &Forgetful)
+    parse_with(instructions, Input::Raw(input), &Forgetful)
 }
 
-/// [`parse`], taking from `memory` what it read before.
+/// `input` as the caller has it: its raw JSON text, or an array's items already split.
+#[derive(Clone, Copy)]
+pub enum Input<'a, 'b> {
+    Raw(&'a RawValue),
+    Items(&'b [&'a RawValue]),
+}
+
+/// [`parse`], taking from `memory` what it read before; `input` given as the caller has it
+/// (a server that split the array while reading the body does not split it again).
 pub fn parse_with<'a>(
     instructions: Option<&'a RawValue>,
-    input: &'a RawValue,
+    input: Input<'a, '_>,
     memory: &dyn Memory,
 ) -> Result<Parsed<'a>, String> {
     let mut units = Vec::new();
@@ -162,21 +170,29 @@ pub fn parse_with<'a>(
         }
     }
     // Told apart by the first byte: the items are parsed once, one by one, not as a whole.
-    match input.get().trim_start().as_bytes().first() {
-        Some(b'"') => {
-            let text: String = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
-            messages.push(RArc::new(Message::new(Role::User, Content::Text(text.into()))));
-            units.push(Unit::of(Source::InputString(input.get())));
+    let split;
+    let items = match input {
+        Input::Items(items) => Some(items),
+        Input::Raw(raw) if raw.get().trim_start().starts_with('[') => {
+            split = serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).map_err(|e| format!("input: {e}"))?;
+            Some(split.as_slice())
         }
-        Some(b'[') => {
-            let raws: Vec<&'a RawValue> = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
-            read_items(&raws, memory, &mut units)?;
+        Input::Raw(_) => None,
+    };
+    match (items, input) {
+        (Some(raws), _) => {
+            read_items(raws, memory, &mut units)?;
             for unit in &mut units[messages.len()..] {
                 let found = memory.message(&unit.items);
                 unit.made = found.is_none();
                 let message = found.unwrap_or_else(|| RArc::new(unit.make()));
                 messages.push(message);
             }
+        }
+        (None, Input::Raw(input)) if input.get().trim_start().starts_with('"') => {
+            let text: String = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
+            messages.push(RArc::new(Message::new(Role::User, Content::Text(text.into()))));
+            units.push(Unit::of(Source::InputString(input.get())));
         }
         _ => return Err("input: expected a string or an array of items".into()),
     }

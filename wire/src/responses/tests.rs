@@ -297,11 +297,13 @@ impl Remembering {
 #[test]
 fn a_resent_item_is_the_same_item_and_message_and_writes_back_wherever_it_now_is() {
     let memory = Remembering::default();
-    let first = super::parse_with(None, raw(INPUT), &memory).unwrap();
+    let first = super::parse_with(None, super::Input::Raw(raw(INPUT)), &memory).unwrap();
     memory.keep(&first);
     assert_eq!(first.parsed_items().count(), 12);
     // The same input again: nothing parsed or made, the same messages.
-    let again = super::parse_with(None, raw(INPUT), &memory).unwrap();
+    // Given as the server has it: the items already split.
+    let split: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
+    let again = super::parse_with(None, super::Input::Items(&split), &memory).unwrap();
     assert_eq!(again.parsed_items().count(), 0);
     assert_eq!(again.made_messages().count(), 0);
     for (a, b) in first.messages.iter().zip(&again.messages) {
@@ -313,7 +315,7 @@ fn a_resent_item_is_the_same_item_and_message_and_writes_back_wherever_it_now_is
     let mut shifted: Vec<&str> = source[2..].iter().map(|i| i.get()).collect();
     shifted.push(r#"{"type":"message","role":"user","content":"more"}"#);
     let shifted = format!("[{}]", shifted.join(","));
-    let parsed = super::parse_with(None, raw(&shifted), &memory).unwrap();
+    let parsed = super::parse_with(None, super::Input::Raw(raw(&shifted)), &memory).unwrap();
     assert_eq!(parsed.parsed_items().count(), 1);
     let m = &parsed.messages;
     let expected = format!("[{}]", source[4..].iter().map(|i| i.get()).collect::<Vec<_>>().join(","));
