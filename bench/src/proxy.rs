@@ -328,20 +328,27 @@ async fn measure(
     let added = |a: &[Duration], b: &[Duration], q: f64| round(ms(quantile(b, q)) - ms(quantile(a, q)), 3);
     let throughput_ratio = direct_many["requests_per_s"].as_f64().unwrap_or(0.0)
         / proxied_many["requests_per_s"].as_f64().unwrap_or(1.0).max(1e-9);
-    let chat = (
-        added(&direct_seq, &proxied_seq, 0.5),
-        added(&direct_seq, &proxied_seq, 0.99),
-    );
-    let mut others = serde_json::Map::new();
-    for wire in wires {
-        let (name, path, body) = match wire {
-            Wire::Responses => ("responses", "/responses", crate::proxy_responses::request(&conversation)),
-            Wire::Anthropic => ("anthropic", "/messages", crate::proxy_anthropic::request(&conversation)),
-        };
-        let measured =
-            crate::proxy_responses::measure(&client, server, upstream, path, body, requests, chat).await?;
-        others.insert(name.to_string(), measured);
-    }
+    let others = match wires {
+        [] => Value::Null,
+        wires => {
+            let wires: Vec<crate::proxy_responses::Wire> = wires
+                .iter()
+                .map(|wire| match wire {
+                    Wire::Responses => crate::proxy_responses::Wire {
+                        name: "responses",
+                        path: "/responses",
+                        body: crate::proxy_responses::request(&conversation),
+                    },
+                    Wire::Anthropic => crate::proxy_responses::Wire {
+                        name: "anthropic",
+                        path: "/messages",
+                        body: crate::proxy_anthropic::request(&conversation),
+                    },
+                })
+                .collect();
+            crate::proxy_responses::measure(&client, server, upstream, &plain, &wires, requests).await?
+        }
+    };
     Ok(json!({
         "wires": others,
         "conversation": {"messages": messages, "request_bytes": plain.len()},
@@ -410,13 +417,21 @@ fn print_table(r: &Value) {
     println!();
     println!("token cache: first request {}", c["first_request"]);
     println!("             every request after it {}", c["every_request_after"]);
-    for (name, w) in r["wires"].as_object().into_iter().flatten() {
+    let wires = r["wires"].as_object();
+    if wires.is_some() {
+        println!();
+        println!("the wires interleaved (chat first, each wire's direct and proxied calls in blocks):");
+    }
+    for (name, w) in wires.into_iter().flatten() {
         println!();
         println!(
-            "{name} wire ({}), {} requests each, {} bytes per request (direct and proxied alternating):",
+            "{name} wire ({}), {} requests each, {} bytes per request:",
             w["path"], w["requests"], w["request_bytes"]
         );
         print_direct_proxy_added(w, "");
+        if name == "chat" {
+            continue;
+        }
         println!(
             "  added over the chat wire's: p50 {}×  p99 {}×   (target ≤ 1.2×)",
             w["added_p50_over_chat"], w["added_p99_over_chat"]

@@ -30,6 +30,11 @@ pub struct Item {
     read: Read,
     /// The length of the text it was read from.
     len: usize,
+    /// Whether it is model-side (all but user / system / developer messages and call
+    /// outputs), and whether a `reasoning` item: what the write-back's reasoning rule
+    /// reads of it.
+    model_side: bool,
+    reasoning: bool,
 }
 
 enum Read {
@@ -303,10 +308,14 @@ fn read_item(raw: &str) -> Result<Item, String> {
             json: serde_json::to_string(&map).unwrap_or_default().into(),
         })
     };
+    let model_side = !matches!(read, Read::Message(_) | Read::Output(_)) && !kind.ends_with("_call_output");
+    let reasoning = kind == "reasoning";
     Ok(Item {
         map,
         read,
         len: raw.len(),
+        model_side,
+        reasoning,
     })
 }
 /// A content part: `input_text` / `output_text` as text (its other members kept), any

@@ -32,8 +32,13 @@ impl<'a> Item<'a> {
         }
     }
 
-    fn raw(slot_raw: &'a str, item: &Map<String, Value>) -> Item<'a> {
-        Item::new(Cow::Borrowed(slot_raw), item)
+    /// An item as it came: its flags read once, with the item.
+    fn raw(raw: &'a str, item: &super::Item) -> Item<'a> {
+        Item {
+            json: Cow::Borrowed(raw),
+            model_side: item.model_side,
+            reasoning: item.reasoning,
+        }
     }
 
     fn made(item: Map<String, Value>) -> Item<'a> {
@@ -197,7 +202,7 @@ fn write_unit<'a>(
         return write_fresh(call_kinds, message, items);
     }
     if unchanged {
-        items.extend(unit.raws.iter().zip(&unit.items).map(|(raw, item)| Item::raw(raw, &item.map)));
+        items.extend(unit.raws.iter().zip(&unit.items).map(|(raw, item)| Item::raw(raw, item)));
         return;
     }
     match unit.items.as_slice() {
@@ -252,7 +257,7 @@ fn write_run<'a>(unit: &Unit<'a>, original: &Message, message: &Message, items: 
                 let (new, old) = (&now[at..at + count], &before[at..at + count]);
                 at += count;
                 if new == old {
-                    items.push(Item::raw(raw, &slot.map));
+                    items.push(Item::raw(raw, slot));
                 } else if new.is_empty() {
                     // Nothing left of it.
                 } else {
@@ -269,7 +274,7 @@ fn write_run<'a>(unit: &Unit<'a>, original: &Message, message: &Message, items: 
             }
             (Read::Opaque(_), true) => {
                 if now[at] == before[at] {
-                    items.push(Item::raw(raw, &slot.map));
+                    items.push(Item::raw(raw, slot));
                 } else {
                     write_assistant_content(&Content::Parts(vec![now[at].clone()].into()), items);
                 }
@@ -282,7 +287,7 @@ fn write_run<'a>(unit: &Unit<'a>, original: &Message, message: &Message, items: 
                 };
                 let old = original.tool_calls.iter().find(|call| call.id.as_str() == id);
                 if old == Some(call) {
-                    items.push(Item::raw(raw, &slot.map));
+                    items.push(Item::raw(raw, slot));
                 } else {
                     let mut out = slot.map.clone();
                     if out.contains_key("name") {
