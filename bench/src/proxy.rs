@@ -61,7 +61,11 @@ pub fn proxy(args: &[String]) -> Result<()> {
         Some("responses") => &[Wire::Responses],
         Some("anthropic") => &[Wire::Anthropic],
         Some("all") => &[Wire::Responses, Wire::Anthropic],
-        Some(other) => return Err(format!("--wire: chat, responses, anthropic or all, not {other:?}")),
+        Some(other) => {
+            return Err(format!(
+                "--wire: chat, responses, anthropic or all, not {other:?}"
+            ))
+        }
     };
     if requests == 0 || clients == 0 {
         return Err("--requests and --clients must be at least 1".into());

@@ -34,19 +34,25 @@ pub fn request(conversation: &[Value]) -> Bytes {
                     blocks.push(json!({"type": "text", "text": text(message)}));
                 }
                 for call in message["tool_calls"].as_array().into_iter().flatten() {
-                    let input = match serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap_or("{}")) {
+                    let input = match serde_json::from_str::<Value>(
+                        call["function"]["arguments"].as_str().unwrap_or("{}"),
+                    ) {
                         Ok(Value::Object(object)) => Value::Object(object),
                         _ => Value::Object(Map::new()),
                     };
-                    blocks.push(json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                                       "input": input}));
+                    blocks.push(
+                        json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                                       "input": input}),
+                    );
                 }
                 ("assistant", blocks)
             }
             "tool" => (
                 "user",
-                vec![json!({"type": "tool_result", "tool_use_id": message["tool_call_id"],
-                            "content": text(message)})],
+                vec![
+                    json!({"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                            "content": text(message)}),
+                ],
             ),
             _ => ("user", vec![json!({"type": "text", "text": text(message)})]),
         };

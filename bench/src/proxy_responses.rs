@@ -90,7 +90,9 @@ pub async fn measure(
     let mut taken: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); all.len()];
     while taken[0].0.len() < requests {
         let n = BLOCK.min(requests - taken[0].0.len());
-        for (((direct, proxied), (_, _, body)), (on_direct, on_proxy)) in urls.iter().zip(&all).zip(&mut taken) {
+        for (((direct, proxied), (_, _, body)), (on_direct, on_proxy)) in
+            urls.iter().zip(&all).zip(&mut taken)
+        {
             for _ in 0..n {
                 on_direct.push(timed(client, direct, body, false).await?);
             }

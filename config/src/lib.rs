@@ -24,8 +24,8 @@ mod ui;
 mod upstream;
 pub mod write;
 pub use store::{StoreLimits, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_KEEPALIVE_S, DEFAULT_STATEMENT_TIMEOUT_MS};
-pub use ui::{UiConfig, DEFAULT_UI_MAX_BODY_KB};
 pub use summarizer::{SummarizerConfig, DEFAULT_SUMMARIZER_MAX_CHARS_IN, DEFAULT_SUMMARIZER_TIMEOUT_MS};
+pub use ui::{UiConfig, DEFAULT_UI_MAX_BODY_KB};
 pub use upstream::{
     UpstreamConfig, DEFAULT_MAX_RECALL_ROUNDS, DEFAULT_UPSTREAM_MAX_CONNECTIONS,
     DEFAULT_UPSTREAM_READ_TIMEOUT_S, DEFAULT_UPSTREAM_TIMEOUT_S,
@@ -974,8 +974,16 @@ mod tests {
             }
         );
         for (text, line, words) in [
-            ("[ui]\nkeep_bodies = \"yes\"\n", 2, "`keep_bodies` in [ui] must be true or false"),
-            ("[ui]\nmax_body_kb = 0\n", 2, "`max_body_kb` in [ui] must be an integer ≥ 1"),
+            (
+                "[ui]\nkeep_bodies = \"yes\"\n",
+                2,
+                "`keep_bodies` in [ui] must be true or false",
+            ),
+            (
+                "[ui]\nmax_body_kb = 0\n",
+                2,
+                "`max_body_kb` in [ui] must be an integer ≥ 1",
+            ),
             ("[ui]\nkeep = true\n", 2, "keep"),
         ] {
             let err = parse(text).unwrap_err();

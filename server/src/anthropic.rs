@@ -257,7 +257,12 @@ fn forwarded_with_system(members: &[Member<'_>], written: &anthropic::Written) -
     let system = written.system.as_deref();
     let had = members.iter().any(|(key, _)| key == "system");
     match (had, system) {
-        (false, Some(system)) => add_member(&forwarded_body(members, &written.messages, &[]), "system", system, true),
+        (false, Some(system)) => add_member(
+            &forwarded_body(members, &written.messages, &[]),
+            "system",
+            system,
+            true,
+        ),
         _ => forwarded_body(members, &written.messages, &[("system", system)]),
     }
 }

@@ -242,9 +242,14 @@ mod tests {
 
     #[test]
     fn replaced_members_take_their_place_and_a_dropped_one_is_left_out() {
-        let body = r#"{"model":"m", "instructions":"be", "input":[{"type":"x"}], "store": false ,"z":{"a":1.50}}"#;
+        let body =
+            r#"{"model":"m", "instructions":"be", "input":[{"type":"x"}], "store": false ,"z":{"a":1.50}}"#;
         let all = members(body, None);
-        let forwarded = forwarded_body(&all, "", &[("input", Some("[]")), ("instructions", Some(r#""be!""#))]);
+        let forwarded = forwarded_body(
+            &all,
+            "",
+            &[("input", Some("[]")), ("instructions", Some(r#""be!""#))],
+        );
         assert_eq!(
             std::str::from_utf8(&forwarded).unwrap(),
             r#"{"model":"m","instructions":"be!","input":[],"store":false,"z":{"a":1.50}}"#
@@ -259,14 +264,21 @@ mod tests {
     #[test]
     fn a_member_is_added_first_or_last() {
         assert_eq!(&add_member(b"{}", "s", "1", true)[..], br#"{"s":1}"#);
-        assert_eq!(&add_member(br#"{"a":2}"#, "s", "1", true)[..], br#"{"s":1,"a":2}"#);
-        assert_eq!(&add_member(br#"{"a":2}"#, "s", "1", false)[..], br#"{"a":2,"s":1}"#);
+        assert_eq!(
+            &add_member(br#"{"a":2}"#, "s", "1", true)[..],
+            br#"{"s":1,"a":2}"#
+        );
+        assert_eq!(
+            &add_member(br#"{"a":2}"#, "s", "1", false)[..],
+            br#"{"a":2,"s":1}"#
+        );
     }
 
     #[test]
     fn a_repeated_member_is_read_as_serde_json_reads_it() {
         let body = r#"{"a":1,"messages":[],"a":{"b":2},"k\"ey":"v"}"#;
-        let ours = String::from_utf8(forwarded_body(&members(body, Some("messages")), "[]", &[]).to_vec()).unwrap();
+        let ours =
+            String::from_utf8(forwarded_body(&members(body, Some("messages")), "[]", &[]).to_vec()).unwrap();
         let theirs: Value = serde_json::from_str(body).unwrap();
         assert_eq!(ours, theirs.to_string());
         let ours = String::from_utf8(forwarded_body(&members(body, None), "", &[]).to_vec()).unwrap();
@@ -302,7 +314,8 @@ mod tests {
             _ => panic!("an array"),
         }
         assert!(read.member("messages").is_none());
-        let Ok(RequestBody::Object(read)) = RequestBody::read(br#"{"messages":{"a":1}}"#, Some("messages")) else {
+        let Ok(RequestBody::Object(read)) = RequestBody::read(br#"{"messages":{"a":1}}"#, Some("messages"))
+        else {
             panic!("an object")
         };
         assert!(matches!(read.split, Some(Elements::Other)));

@@ -7,9 +7,9 @@
 
 mod answers;
 mod anthropic;
-mod body;
 mod app;
 mod auth;
+mod body;
 mod conn;
 mod mcp;
 mod proxy;

@@ -245,7 +245,8 @@ pub async fn chat_completions(
             Err(e) => e.status.as_u16(),
         },
     };
-    app.traffic.record(request, kept.as_ref(), forwarded.as_mut().ok());
+    app.traffic
+        .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {

@@ -132,7 +132,9 @@ fn with_members(members: &[Member<'_>], messages: &[Value], tools: Option<&Vec<V
         &[("messages", Some(&messages)), ("tools", tools.as_deref())],
     );
     match tools {
-        Some(tools) if !members.iter().any(|(key, _)| key == "tools") => add_member(&body, "tools", &tools, false),
+        Some(tools) if !members.iter().any(|(key, _)| key == "tools") => {
+            add_member(&body, "tools", &tools, false)
+        }
         _ => body,
     }
 }
@@ -213,7 +215,10 @@ mod tests {
             _ => unreachable!("an object"),
         };
         let out = with_members(&members, &[], Some(&vec![json!(2)]));
-        assert_eq!(std::str::from_utf8(&out).unwrap(), r#"{"tools":[2],"messages":[]}"#);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"tools":[2],"messages":[]}"#
+        );
         let out = with_members(&members, &[], None);
         assert_eq!(std::str::from_utf8(&out).unwrap(), r#"{"messages":[]}"#);
         assert!(!streamed(&members));

@@ -102,7 +102,7 @@ impl ResentMessages {
 /// it is there). Bounded like [`ResentMessages`], each map on its own.
 pub(crate) struct ResentItems {
     items: BoundedMap<Key, (Box<str>, Arc<Item>)>,
-    messages: BoundedMap<u64, (Box<[Arc<Item>]>, RArc<Message>)>,
+    messages: BoundedMap<u64, MadeOf>,
 }
 
 impl Default for ResentItems {
@@ -113,6 +113,9 @@ impl Default for ResentItems {
         }
     }
 }
+
+/// A message and the items it was made of.
+type MadeOf = (Box<[Arc<Item>]>, RArc<Message>);
 
 /// A run of items' key: their addresses hashed.
 fn items_key(items: &[Arc<Item>]) -> u64 {
@@ -127,7 +130,9 @@ impl Memory for ResentItems {
     fn item(&self, raw: &str) -> Option<Arc<Item>> {
         let key = key(raw);
         self.items
-            .get(spread(key), &key, |(seen, item)| (**seen == *raw).then(|| item.clone()))
+            .get(spread(key), &key, |(seen, item)| {
+                (**seen == *raw).then(|| item.clone())
+            })
             .flatten()
     }
 
@@ -135,7 +140,8 @@ impl Memory for ResentItems {
         let key = items_key(items);
         self.messages
             .get(key >> 60, &key, |(seen, message)| {
-                let same = seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| Arc::ptr_eq(a, b));
+                let same =
+                    seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| Arc::ptr_eq(a, b));
                 same.then(|| message.clone())
             })
             .flatten()
@@ -148,13 +154,18 @@ impl ResentItems {
     pub(crate) fn remember(&self, parsed: &Parsed<'_>) {
         for (raw, item) in parsed.parsed_items() {
             let key = key(raw);
-            self.items
-                .insert(spread(key), key, (raw.into(), item.clone()), raw.len() + item.weight());
+            self.items.insert(
+                spread(key),
+                key,
+                (raw.into(), item.clone()),
+                raw.len() + item.weight(),
+            );
         }
         for (items, message) in parsed.made_messages() {
             let key = items_key(items);
             let bytes = items.iter().map(|item| item.weight()).sum::<usize>();
-            self.messages.insert(key >> 60, key, (items.into(), message.clone()), bytes);
+            self.messages
+                .insert(key >> 60, key, (items.into(), message.clone()), bytes);
         }
     }
 }
@@ -173,7 +184,9 @@ impl anthropic::Memory for ResentAnthropic {
     fn message(&self, raw: &str) -> Option<Arc<anthropic::Read>> {
         let key = key(raw);
         self.0
-            .get(spread(key), &key, |(seen, read)| (**seen == *raw).then(|| read.clone()))
+            .get(spread(key), &key, |(seen, read)| {
+                (**seen == *raw).then(|| read.clone())
+            })
             .flatten()
     }
 }
@@ -184,7 +197,8 @@ impl ResentAnthropic {
         for (raw, read) in parsed.reads() {
             let key = key(raw);
             let bytes = raw.len() + read.weight();
-            self.0.insert(spread(key), key, (raw.into(), Arc::new(read)), bytes);
+            self.0
+                .insert(spread(key), key, (raw.into(), Arc::new(read)), bytes);
         }
     }
 }

@@ -89,7 +89,9 @@ pub async fn responses(
     // stays as it came).
     let instructions = match &written.instructions {
         Some(text) => Some(text.as_str()),
-        None => member(&members, "instructions").map(RawValue::get).filter(|raw| *raw == "null"),
+        None => member(&members, "instructions")
+            .map(RawValue::get)
+            .filter(|raw| *raw == "null"),
     };
     let body = forwarded_body(
         &members,
@@ -117,7 +119,8 @@ pub async fn responses(
             Err(e) => e.status().as_u16(),
         },
     };
-    app.traffic.record(request, kept.as_ref(), forwarded.as_mut().ok());
+    app.traffic
+        .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;
     let added = response.headers_mut();
     let mut add = |name: &'static str, value: String| {

@@ -99,7 +99,10 @@ impl Traffic {
                     let seen = bodies.clone();
                     let body = std::mem::take(answer.body_mut()).map_frame(move |frame| {
                         if let Some(data) = frame.data_ref() {
-                            seen.answer.lock().unwrap_or_else(|e| e.into_inner()).add(data, bound);
+                            seen.answer
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .add(data, bound);
                         }
                         frame
                     });
@@ -155,16 +158,16 @@ mod tests {
         for n in 0..TRAFFIC_LEN + 3 {
             traffic.record(
                 Request {
-                at: n as u64,
-                wire: "chat",
-                model: None,
-                session: false,
-                messages_in: n,
-                messages_sent: n,
-                tokens_in: 0,
-                tokens_sent: 0,
-                added_ms: 0.0,
-                status: 200,
+                    at: n as u64,
+                    wire: "chat",
+                    model: None,
+                    session: false,
+                    messages_in: n,
+                    messages_sent: n,
+                    tokens_in: 0,
+                    tokens_sent: 0,
+                    added_ms: 0.0,
+                    status: 200,
                 },
                 Some(&Bytes::from_static(b"{}")),
                 None,
@@ -174,7 +177,10 @@ mod tests {
         let requests = json["requests"].as_array().unwrap();
         assert_eq!(requests.len(), TRAFFIC_LEN);
         assert_eq!(requests[0]["messages_in"], 3);
-        assert!(requests[0].get("bodies").is_none(), "no bodies unless [ui] keep_bodies");
+        assert!(
+            requests[0].get("bodies").is_none(),
+            "no bodies unless [ui] keep_bodies"
+        );
     }
 
     #[tokio::test]

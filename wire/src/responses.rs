@@ -179,7 +179,8 @@ pub fn parse_with<'a>(
     let items = match input {
         Input::Items(items) => Some(items),
         Input::Raw(raw) if raw.get().trim_start().starts_with('[') => {
-            split = serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).map_err(|e| format!("input: {e}"))?;
+            split =
+                serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).map_err(|e| format!("input: {e}"))?;
             Some(split.as_slice())
         }
         Input::Raw(_) => None,
@@ -246,7 +247,11 @@ impl<'a> Unit<'a> {
 }
 
 /// Every item read (or found in `memory`), grouped into units.
-fn read_items<'a>(raws: &[&'a RawValue], memory: &dyn Memory, units: &mut Vec<Unit<'a>>) -> Result<(), String> {
+fn read_items<'a>(
+    raws: &[&'a RawValue],
+    memory: &dyn Memory,
+    units: &mut Vec<Unit<'a>>,
+) -> Result<(), String> {
     let mut run = Unit::of(Source::Items);
     let flush = |run: &mut Unit<'a>, units: &mut Vec<Unit<'a>>| {
         if !run.items.is_empty() {
@@ -257,7 +262,10 @@ fn read_items<'a>(raws: &[&'a RawValue], memory: &dyn Memory, units: &mut Vec<Un
         let raw = raw.get();
         let (item, parsed) = match memory.item(raw) {
             Some(item) => (item, false),
-            None => (Arc::new(read_item(raw).map_err(|e| format!("input[{index}]: {e}"))?), true),
+            None => (
+                Arc::new(read_item(raw).map_err(|e| format!("input[{index}]: {e}"))?),
+                true,
+            ),
         };
         if let Read::Message(_) | Read::Output(_) = item.read {
             flush(&mut run, units);
@@ -425,7 +433,6 @@ mod write;
 
 #[cfg(test)]
 mod tests;
-
 
 impl<'a> Parsed<'a> {
     /// Writes `history` (the chain's output on [`Parsed::messages`]) back.

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use e2e_tests::anthropic_shape::{compact_arguments, to_anthropic, to_chat};
 use e2e_tests::anthropic_upstream::AnthropicUpstream;
-use e2e_tests::server::{shipped_config, small_window, start_proxy, Server};
 use e2e_tests::real_data_dir;
+use e2e_tests::server::{shipped_config, small_window, start_proxy, Server};
 use serde_json::value::RawValue;
 use serde_json::{json as j, Value};
 

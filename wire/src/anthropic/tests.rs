@@ -176,7 +176,11 @@ struct Remembering(std::cell::RefCell<Vec<(String, std::sync::Arc<super::Read>)>
 
 impl super::Memory for Remembering {
     fn message(&self, raw: &str) -> Option<std::sync::Arc<super::Read>> {
-        self.0.borrow().iter().find(|(seen, _)| seen == raw).map(|(_, read)| read.clone())
+        self.0
+            .borrow()
+            .iter()
+            .find(|(seen, _)| seen == raw)
+            .map(|(_, read)| read.clone())
     }
 }
 
@@ -190,7 +194,10 @@ fn a_resent_message_is_the_same_read_and_a_changed_one_keeps_its_blocks_bytes() 
     ];
     let first = super::parse_with(None, &messages, &memory).unwrap();
     for (raw, read) in first.reads() {
-        memory.0.borrow_mut().push((raw.to_string(), std::sync::Arc::new(read)));
+        memory
+            .0
+            .borrow_mut()
+            .push((raw.to_string(), std::sync::Arc::new(read)));
     }
     assert_eq!(memory.0.borrow().len(), 3);
     // Resent, with one more message: the first three are the same host messages.
@@ -202,7 +209,10 @@ fn a_resent_message_is_the_same_read_and_a_changed_one_keeps_its_blocks_bytes() 
         assert!(std::ptr::eq::<Message>(&**a, &**b));
     }
     assert_eq!(again.cache_breakpoints, 0);
-    assert_eq!(write(&again, &again.messages).messages, format!("[{}]", more.join(",")));
+    assert_eq!(
+        write(&again, &again.messages).messages,
+        format!("[{}]", more.join(","))
+    );
     // A remembered message changed by the chain keeps its other blocks as their bytes.
     for (i, message) in again.messages.iter_mut().enumerate() {
         RArc::make_mut(message).set_origin(i as u64 + 1);

@@ -151,8 +151,7 @@ fn a_changed_message_keeps_its_other_members_and_a_lone_reasoning_item_is_droppe
     // A run whose only call the chain removed: its reasoning must not stay alone.
     let mut run = (*m[1]).clone();
     run.tool_calls = Default::default();
-    let written = parsed
-        .write(&[RArc::new(run), RArc::new(output), RArc::new(user)]);
+    let written = parsed.write(&[RArc::new(run), RArc::new(output), RArc::new(user)]);
     let out = items(&written.input);
     assert_eq!(out.len(), 2, "{}", written.input);
     assert_eq!(out[0]["type"], "function_call_output");
@@ -258,27 +257,35 @@ fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
         }]
         .into(),
     );
-    let written = parsed
-        .write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
+    let written = parsed.write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
     assert_eq!(items(&written.input)[2]["output"]["file_id"], "f");
 }
+
+/// A message and the items it was made of.
+type MadeOf = (Vec<std::sync::Arc<super::Item>>, RArc<Message>);
 
 /// A memory as the proxy keeps one (server/src/resent.rs), unbounded.
 #[derive(Default)]
 struct Remembering {
     items: std::cell::RefCell<Vec<(String, std::sync::Arc<super::Item>)>>,
-    messages: std::cell::RefCell<Vec<(Vec<std::sync::Arc<super::Item>>, RArc<Message>)>>,
+    messages: std::cell::RefCell<Vec<MadeOf>>,
 }
 
 impl super::Memory for Remembering {
     fn item(&self, raw: &str) -> Option<std::sync::Arc<super::Item>> {
-        self.items.borrow().iter().find(|(seen, _)| seen == raw).map(|(_, item)| item.clone())
+        self.items
+            .borrow()
+            .iter()
+            .find(|(seen, _)| seen == raw)
+            .map(|(_, item)| item.clone())
     }
     fn message(&self, items: &[std::sync::Arc<super::Item>]) -> Option<RArc<Message>> {
         self.messages
             .borrow()
             .iter()
-            .find(|(seen, _)| seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| std::sync::Arc::ptr_eq(a, b)))
+            .find(|(seen, _)| {
+                seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| std::sync::Arc::ptr_eq(a, b))
+            })
             .map(|(_, message)| message.clone())
     }
 }
@@ -318,12 +325,21 @@ fn a_resent_item_is_the_same_item_and_message_and_writes_back_wherever_it_now_is
     let parsed = super::parse_with(None, super::Input::Raw(raw(&shifted)), &memory).unwrap();
     assert_eq!(parsed.parsed_items().count(), 1);
     let m = &parsed.messages;
-    let expected = format!("[{}]", source[4..].iter().map(|i| i.get()).collect::<Vec<_>>().join(","));
+    let expected = format!(
+        "[{}]",
+        source[4..].iter().map(|i| i.get()).collect::<Vec<_>>().join(",")
+    );
     // The first call (now a lone call item at the front) dropped, its output too.
     let mut kept: Vec<RArc<Message>> = m[2..].to_vec();
     let written = parsed.write(&kept);
-    assert!(written.input.starts_with(&expected[..expected.len() - 1]), "{}", written.input);
-    assert!(written.input.ends_with(r#"{"type":"message","role":"user","content":"more"}]"#));
+    assert!(
+        written.input.starts_with(&expected[..expected.len() - 1]),
+        "{}",
+        written.input
+    );
+    assert!(written
+        .input
+        .ends_with(r#"{"type":"message","role":"user","content":"more"}]"#));
     // A changed remembered message is found by its identity and rewritten in place.
     let at = kept.iter().position(|m| m.role == Role::Developer).unwrap();
     let mut developer = (*kept[at]).clone();
@@ -331,6 +347,8 @@ fn a_resent_item_is_the_same_item_and_message_and_writes_back_wherever_it_now_is
     kept[at] = RArc::new(developer);
     let out = items(&parsed.write(&kept).input);
     valid(&out).unwrap();
-    assert!(out.iter().any(|i| i["role"] == "developer" && i["content"] == "be very brief"));
+    assert!(out
+        .iter()
+        .any(|i| i["role"] == "developer" && i["content"] == "be very brief"));
     assert!(!out.iter().any(|i| i["content"] == "be brief"));
 }

@@ -64,7 +64,7 @@ pub(super) fn write(parsed: &Parsed<'_>, history: &[RArc<Message>]) -> Written {
             return None;
         }
         let tagged = (origin >> 62 == 1)
-            .then(|| (origin ^ ORIGIN_TAG) as usize)
+            .then_some((origin ^ ORIGIN_TAG) as usize)
             .and_then(|position| position.checked_sub(1));
         if let Some(index) = tagged.filter(|&i| inputs.get(i).is_some_and(|m| m.origin() == origin)) {
             return Some(index);
@@ -202,7 +202,12 @@ fn write_unit<'a>(
         return write_fresh(call_kinds, message, items);
     }
     if unchanged {
-        items.extend(unit.raws.iter().zip(&unit.items).map(|(raw, item)| Item::raw(raw, item)));
+        items.extend(
+            unit.raws
+                .iter()
+                .zip(&unit.items)
+                .map(|(raw, item)| Item::raw(raw, item)),
+        );
         return;
     }
     match unit.items.as_slice() {
@@ -220,7 +225,10 @@ fn write_unit<'a>(
             let mut out = Map::new();
             out.insert(
                 "type".into(),
-                item.map.get("type").cloned().unwrap_or("function_call_output".into()),
+                item.map
+                    .get("type")
+                    .cloned()
+                    .unwrap_or("function_call_output".into()),
             );
             out.insert("call_id".into(), message.call_id().unwrap_or_default().into());
             let object = matches!(item.map.get("output"), Some(Value::Object(_)));

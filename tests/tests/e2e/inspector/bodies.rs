@@ -70,7 +70,8 @@ fn the_traffic_records_every_wire_and_keeps_bodies_only_when_told() {
     let sent = &responses_row["bodies"]["sent"];
     assert_eq!(sent["cut"], false);
     assert_eq!(sent["text"].as_str().unwrap().as_bytes(), &received[1].body[..]);
-    let read: Value = serde_json::from_str(responses_row["bodies"]["answer"]["text"].as_str().unwrap()).unwrap();
+    let read: Value =
+        serde_json::from_str(responses_row["bodies"]["answer"]["text"].as_str().unwrap()).unwrap();
     assert_eq!(read, responses.body);
     drop(server);
 
@@ -103,7 +104,11 @@ fn with_keep_bodies_the_page_shows_the_bodies_as_text() {
     }
     let upstream = Upstream::start(Behaviour::default());
     let config = small_window("[ui]\nkeep_bodies = true\n");
-    let server = start_proxy_with(&config, &upstream.base_url(), &[("HISTORY_OPERATOR_TOKEN", TOKEN)]);
+    let server = start_proxy_with(
+        &config,
+        &upstream.base_url(),
+        &[("HISTORY_OPERATOR_TOKEN", TOKEN)],
+    );
     let messages = json!([{"role": "user", "content": "Repeat: <script>alert(1)</script>"}]);
     let answer = server.post(
         "/v1/chat/completions",
@@ -142,7 +147,10 @@ fn with_keep_bodies_the_page_shows_the_bodies_as_text() {
             .await
             .unwrap();
         let sent = text_of(&client, "pre.body-sent").await;
-        assert!(sent.contains("<script>alert(1)</script>"), "shown as text: {sent}");
+        assert!(
+            sent.contains("<script>alert(1)</script>"),
+            "shown as text: {sent}"
+        );
         let answered = text_of(&client, "pre.body-answer").await;
         assert!(answered.contains("chat.completion"), "{answered}");
         // Rendered as text: no element came of it, nothing ran.

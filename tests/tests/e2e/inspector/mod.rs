@@ -4,8 +4,8 @@
 //! chromedriver)` and passes, except under CI, where it fails. Screenshots go to
 //! `target/ui-screenshots/`.
 
-mod browser;
 mod bodies;
+mod browser;
 mod scale;
 
 use std::io::Write;
