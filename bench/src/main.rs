@@ -49,6 +49,7 @@ mod cpu;
 mod isolated;
 mod loopback;
 mod proxy;
+mod proxy_anthropic;
 mod proxy_responses;
 mod serve;
 
@@ -136,8 +137,10 @@ usage: history-bench <command>
                                         --reloads N: the chain alone, N hot reloads during
                                         the load, turns inside them against the rest
   proxy --host FILE --plugin-dir DIR [--json] [--requests N] [--clients C] [--time-cap S]
+        [--wire chat|responses|anthropic|all]
                                         serve --upstream against a stand-in upstream:
-                                        added latency, requests/s, first byte, token cache
+                                        added latency, requests/s, first byte, token cache;
+                                        other wires beside the chat wire
 ";
 
 /// The value after flag `name`, parsed.

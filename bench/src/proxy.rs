@@ -54,11 +54,18 @@ pub fn proxy(args: &[String]) -> Result<()> {
     let requests: usize = flag(args, "--requests")?.unwrap_or(500);
     let clients: usize = flag(args, "--clients")?.unwrap_or(32);
     let cap = Duration::from_secs(flag(args, "--time-cap")?.unwrap_or(120u64));
-    // `responses`: the Responses wire measured too, beside the chat wire (docs/proxy.md#responses).
-    let responses = match flag::<String>(args, "--wire")?.as_deref() {
-        None | Some("chat") => false,
-        Some("responses") => true,
-        Some(other) => return Err(format!("--wire: chat or responses, not {other:?}")),
+    // Other wires measured too, beside the chat wire: `responses` (docs/proxy.md#responses),
+    // `anthropic` (docs/proxy.md#anthropic-messages), `all` both.
+    let wires: &[Wire] = match flag::<String>(args, "--wire")?.as_deref() {
+        None | Some("chat") => &[],
+        Some("responses") => &[Wire::Responses],
+        Some("anthropic") => &[Wire::Anthropic],
+        Some("all") => &[Wire::Responses, Wire::Anthropic],
+        Some(other) => {
+            return Err(format!(
+                "--wire: chat, responses, anthropic or all, not {other:?}"
+            ))
+        }
     };
     if requests == 0 || clients == 0 {
         return Err("--requests and --clients must be at least 1".into());
@@ -87,7 +94,7 @@ pub fn proxy(args: &[String]) -> Result<()> {
         &["--store", &store, "--upstream", &upstream],
         &work.join("serve.log"),
     )?;
-    let measured = runtime.block_on(measure(&server, &upstream, requests, clients, cap, responses));
+    let measured = runtime.block_on(measure(&server, &upstream, requests, clients, cap, wires));
     let peak_rss = server.peak_rss_mb();
     server.stop()?;
     let _ = std::fs::remove_dir_all(&work);
@@ -103,6 +110,13 @@ pub fn proxy(args: &[String]) -> Result<()> {
         print_table(&report);
     }
     Ok(())
+}
+
+/// A wire measured beside the chat wire.
+#[derive(Debug, Clone, Copy)]
+enum Wire {
+    Responses,
+    Anthropic,
 }
 
 /// The stand-in upstream: every connection served by hyper, every answer at once.
@@ -141,10 +155,13 @@ async fn standin_answer(
         .map(|b| b.to_bytes())
         .unwrap_or_default();
     let responses = path.ends_with("/responses");
+    let anthropic = path.ends_with("/messages");
     let edge = |part: &[u8]| part.windows(13).any(|w| w == b"\"stream\":true");
     let streamed = edge(&body[..body.len().min(200)]) || edge(&body[body.len().saturating_sub(200)..]);
     let (kind, text) = if responses {
         ("application/json", crate::proxy_responses::RESPONSE)
+    } else if anthropic {
+        ("application/json", crate::proxy_anthropic::MESSAGE)
     } else if streamed {
         ("text/event-stream", STREAM)
     } else {
@@ -280,7 +297,7 @@ async fn measure(
     requests: usize,
     clients: usize,
     cap: Duration,
-    responses: bool,
+    wires: &[Wire],
 ) -> Result<Value> {
     let direct = &format!("{upstream}/chat/completions");
     let conversation = generate_messages(CONVERSATION_MESSAGES, 1);
@@ -315,18 +332,29 @@ async fn measure(
     let added = |a: &[Duration], b: &[Duration], q: f64| round(ms(quantile(b, q)) - ms(quantile(a, q)), 3);
     let throughput_ratio = direct_many["requests_per_s"].as_f64().unwrap_or(0.0)
         / proxied_many["requests_per_s"].as_f64().unwrap_or(1.0).max(1e-9);
-    let responses = match responses {
-        false => Value::Null,
-        true => {
-            let chat = (
-                added(&direct_seq, &proxied_seq, 0.5),
-                added(&direct_seq, &proxied_seq, 0.99),
-            );
-            crate::proxy_responses::measure(&client, server, upstream, &conversation, requests, chat).await?
+    let others = match wires {
+        [] => Value::Null,
+        wires => {
+            let wires: Vec<crate::proxy_responses::Wire> = wires
+                .iter()
+                .map(|wire| match wire {
+                    Wire::Responses => crate::proxy_responses::Wire {
+                        name: "responses",
+                        path: "/responses",
+                        body: crate::proxy_responses::request(&conversation),
+                    },
+                    Wire::Anthropic => crate::proxy_responses::Wire {
+                        name: "anthropic",
+                        path: "/messages",
+                        body: crate::proxy_anthropic::request(&conversation),
+                    },
+                })
+                .collect();
+            crate::proxy_responses::measure(&client, server, upstream, &plain, &wires, requests).await?
         }
     };
     Ok(json!({
-        "responses": responses,
+        "wires": others,
         "conversation": {"messages": messages, "request_bytes": plain.len()},
         "latency": {
             "requests": requests,
@@ -393,14 +421,21 @@ fn print_table(r: &Value) {
     println!();
     println!("token cache: first request {}", c["first_request"]);
     println!("             every request after it {}", c["every_request_after"]);
-    let w = &r["responses"];
-    if !w.is_null() {
+    let wires = r["wires"].as_object();
+    if wires.is_some() {
+        println!();
+        println!("the wires interleaved (chat first, each wire's direct and proxied calls in blocks):");
+    }
+    for (name, w) in wires.into_iter().flatten() {
         println!();
         println!(
-            "Responses wire, {} requests each, {} bytes per request (direct and proxied alternating):",
-            w["requests"], w["request_bytes"]
+            "{name} wire ({}), {} requests each, {} bytes per request:",
+            w["path"], w["requests"], w["request_bytes"]
         );
         print_direct_proxy_added(w, "");
+        if name == "chat" {
+            continue;
+        }
         println!(
             "  added over the chat wire's: p50 {}×  p99 {}×   (target ≤ 1.2×)",
             w["added_p50_over_chat"], w["added_p99_over_chat"]

@@ -1,7 +1,9 @@
 //! `history-bench proxy --wire responses`: the same resent conversation as OpenAI
 //! Responses input (docs/proxy.md#responses), through `POST /v1/responses` beside the
 //! direct call, so the Responses wire's added latency stands beside the chat wire's in one
-//! run (issue #28's target: within 1.2× of the chat wire's).
+//! run (issue #28's target: within 1.2× of the chat wire's). [`measure`] measures every
+//! other wire so, interleaved with the chat wire (`proxy_anthropic.rs` gives the
+//! Anthropic request).
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::loopback::{latency, ms, round, HttpClient, Serve};
-use crate::proxy::{alternating, timed, BLOCK};
+use crate::proxy::{timed, BLOCK};
 use crate::Result;
 
 /// The Response object the stand-in answers `/responses` with.
@@ -17,7 +19,7 @@ pub const RESPONSE: &str = r#"{"id":"resp_bench","object":"response","created_at
 
 /// A chat conversation as a Responses request: the system text as `instructions`, each
 /// assistant turn a reasoning item (encrypted content) before its message and calls.
-fn request(conversation: &[Value]) -> Bytes {
+pub fn request(conversation: &[Value]) -> Bytes {
     let text = |m: &Value| match &m["content"] {
         Value::String(text) => text.clone(),
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
@@ -55,38 +57,85 @@ fn request(conversation: &[Value]) -> Bytes {
     Bytes::from(body.to_string())
 }
 
-/// Direct and proxied Responses calls, alternating; the added latency against the chat
-/// wire's (`chat_added`: its added p50 and p99, in ms).
+/// A wire measured beside the chat wire: its name, its path under `/v1`, its request.
+pub struct Wire {
+    pub name: &'static str,
+    pub path: &'static str,
+    pub body: Bytes,
+}
+
+/// The chat wire and each of `wires`, direct and proxied, all interleaved in blocks of
+/// [`BLOCK`] (so a change in the machine's load falls on every wire alike); each wire's
+/// added latency against the chat wire's in the same loop.
 pub async fn measure(
     client: &HttpClient,
     server: &Serve,
     upstream: &str,
-    conversation: &[Value],
+    chat: &Bytes,
+    wires: &[Wire],
     requests: usize,
-    chat_added: (f64, f64),
 ) -> Result<Value> {
-    let body = request(conversation);
-    let direct = format!("{upstream}/responses");
-    let proxied = server.url("/v1/responses");
-    // Warm: the first request tokenizes the conversation's items.
-    for _ in 0..BLOCK {
-        timed(client, &proxied, &body, false).await?;
+    let mut all = vec![("chat", "/chat/completions", chat.clone())];
+    all.extend(wires.iter().map(|w| (w.name, w.path, w.body.clone())));
+    let urls: Vec<(String, String)> = all
+        .iter()
+        .map(|(_, path, _)| (format!("{upstream}{path}"), server.url(&format!("/v1{path}"))))
+        .collect();
+    // Warm: the first request reads and tokenizes the conversation.
+    for ((_, proxied), (_, _, body)) in urls.iter().zip(&all) {
+        for _ in 0..BLOCK {
+            timed(client, proxied, body, false).await?;
+        }
     }
-    let (on_direct, on_proxy) = alternating(client, &direct, &proxied, &body, requests, false).await?;
-    let added = |q: f64| {
+    let mut taken: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); all.len()];
+    while taken[0].0.len() < requests {
+        let n = BLOCK.min(requests - taken[0].0.len());
+        for (((direct, proxied), (_, _, body)), (on_direct, on_proxy)) in
+            urls.iter().zip(&all).zip(&mut taken)
+        {
+            for _ in 0..n {
+                on_direct.push(timed(client, direct, body, false).await?);
+            }
+            for _ in 0..n {
+                on_proxy.push(timed(client, proxied, body, false).await?);
+            }
+        }
+    }
+    let added = |(on_direct, on_proxy): &(Vec<Duration>, Vec<Duration>), q: f64| {
         let at = |s: &[Duration]| ms(history_bench::quantile(s, q));
-        round(at(&on_proxy) - at(&on_direct), 3)
+        round(at(on_proxy) - at(on_direct), 3)
     };
-    let (p50, p99) = (added(0.5), added(0.99));
-    Ok(json!({
-        "request_bytes": body.len(),
-        "requests": requests,
-        "direct": latency(&on_direct),
-        "proxy": latency(&on_proxy),
-        "added_p50_ms": p50,
-        "added_p99_ms": p99,
-        "added_p50_over_chat": round(p50 / chat_added.0.max(1e-9), 3),
-        "added_p99_over_chat": round(p99 / chat_added.1.max(1e-9), 3),
-        "target_over_chat": 1.2,
-    }))
+    let chat_added = (added(&taken[0], 0.5), added(&taken[0], 0.99));
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "chat".into(),
+        json!({
+            "path": "/v1/chat/completions",
+            "request_bytes": chat.len(),
+            "requests": requests,
+            "direct": latency(&taken[0].0),
+            "proxy": latency(&taken[0].1),
+            "added_p50_ms": chat_added.0,
+            "added_p99_ms": chat_added.1,
+        }),
+    );
+    for ((name, path, body), measured) in all.iter().zip(&taken).skip(1) {
+        let (p50, p99) = (added(measured, 0.5), added(measured, 0.99));
+        out.insert(
+            name.to_string(),
+            json!({
+                "path": format!("/v1{path}"),
+                "request_bytes": body.len(),
+                "requests": requests,
+                "direct": latency(&measured.0),
+                "proxy": latency(&measured.1),
+                "added_p50_ms": p50,
+                "added_p99_ms": p99,
+                "added_p50_over_chat": round(p50 / chat_added.0.max(1e-9), 3),
+                "added_p99_over_chat": round(p99 / chat_added.1.max(1e-9), 3),
+                "target_over_chat": 1.2,
+            }),
+        );
+    }
+    Ok(Value::Object(out))
 }

@@ -20,10 +20,12 @@ mod store;
 pub use models::{media_rules, ModelTable, UnknownModels};
 pub use server::{ServerConfig, DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_SHUTDOWN_GRACE_S};
 mod summarizer;
+mod ui;
 mod upstream;
 pub mod write;
 pub use store::{StoreLimits, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_KEEPALIVE_S, DEFAULT_STATEMENT_TIMEOUT_MS};
 pub use summarizer::{SummarizerConfig, DEFAULT_SUMMARIZER_MAX_CHARS_IN, DEFAULT_SUMMARIZER_TIMEOUT_MS};
+pub use ui::{UiConfig, DEFAULT_UI_MAX_BODY_KB};
 pub use upstream::{
     UpstreamConfig, DEFAULT_MAX_RECALL_ROUNDS, DEFAULT_UPSTREAM_MAX_CONNECTIONS,
     DEFAULT_UPSTREAM_READ_TIMEOUT_S, DEFAULT_UPSTREAM_TIMEOUT_S,
@@ -122,6 +124,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[summarizer]`: the endpoint behind the plugins' `summarize` service, if configured.
     pub summarizer: Option<SummarizerConfig>,
+    /// `[ui]`: the inspector page's options (its defaults when absent).
+    pub ui: UiConfig,
     pub agent_max_ctx: u64,
     /// `[history] chain`: its output is the working history, kept from turn to turn.
     pub chain: Vec<String>,
@@ -388,6 +392,7 @@ impl Config {
                 "upstream",
                 "server",
                 "summarizer",
+                "ui",
                 "history",
                 "models",
                 "plugin",
@@ -455,6 +460,11 @@ impl Config {
             None => None,
         };
 
+        let ui = match reader.table(root, "ui", "the top level")? {
+            Some(table) => ui::read(&reader, table)?,
+            None => UiConfig::default(),
+        };
+
         let (models, unknown_models) = match reader.table(root, "models", "the top level")? {
             None => (Vec::new(), UnknownModels::default()),
             Some(table) => models::read(&reader, table)?,
@@ -494,6 +504,7 @@ impl Config {
             upstream,
             server,
             summarizer,
+            ui,
             agent_max_ctx,
             chain,
             view,
@@ -968,6 +979,37 @@ mod tests {
         }
         let err = parse("[upstream]\ntimeout_s = 5\n").unwrap_err();
         assert!(err.message.contains("[upstream] needs `url`"), "{err}");
+    }
+
+    #[test]
+    fn ui_keeps_no_bodies_unless_told_and_its_keys_are_checked() {
+        assert_eq!(parse("").unwrap().ui, UiConfig::default());
+        assert!(!UiConfig::default().keep_bodies);
+        let config = parse("[ui]\nkeep_bodies = true\nmax_body_kb = 8\n").unwrap();
+        assert_eq!(
+            config.ui,
+            UiConfig {
+                keep_bodies: true,
+                max_body_kb: 8
+            }
+        );
+        for (text, line, words) in [
+            (
+                "[ui]\nkeep_bodies = \"yes\"\n",
+                2,
+                "`keep_bodies` in [ui] must be true or false",
+            ),
+            (
+                "[ui]\nmax_body_kb = 0\n",
+                2,
+                "`max_body_kb` in [ui] must be an integer ≥ 1",
+            ),
+            ("[ui]\nkeep = true\n", 2, "keep"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert_eq!(err.line, Some(line), "{text}: {err}");
+            assert!(err.message.contains(words), "{text}: {err}");
+        }
     }
 
     #[test]

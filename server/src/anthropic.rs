@@ -17,7 +17,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::app::App;
-use crate::proxy::{self, Messages, OpenAiError, RequestBody, SESSION_HEADER};
+use crate::body::{add_member, forwarded_body, Elements, Member, RequestBody};
+use crate::proxy::{self, OpenAiError, SESSION_HEADER};
 
 /// An error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
 pub struct AnthropicError {
@@ -114,8 +115,10 @@ pub async fn messages(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let upstream = proxy::upstream(&app)?;
+    let started = std::time::Instant::now();
+    let at = history_sessions::clock::now_ms();
     let bytes = read_body(body)?;
-    let body = match serde_json::from_slice::<RequestBody<'_>>(&bytes) {
+    let body = match RequestBody::read(&bytes, Some("messages")) {
         Ok(RequestBody::Object(body)) => body,
         Ok(RequestBody::Other) => return Err(AnthropicError::invalid("the body must be a JSON object")),
         Err(e) => {
@@ -132,14 +135,14 @@ pub async fn messages(
         Some(Ok(Value::String(model))) => model,
         Some(_) => return Err(AnthropicError::invalid("model: expected a string")),
     };
-    let texts: Vec<&str> = match &body.messages {
-        Some(Messages::Array(messages)) if !messages.is_empty() => messages.iter().map(|m| m.get()).collect(),
-        Some(Messages::Array(_)) => {
+    let texts: Vec<&str> = match &body.split {
+        Some(Elements::Array(messages)) if !messages.is_empty() => messages.iter().map(|m| m.get()).collect(),
+        Some(Elements::Array(_)) => {
             return Err(AnthropicError::invalid(
                 "messages: at least one message is needed",
             ))
         }
-        Some(Messages::Other) => {
+        Some(Elements::Other) => {
             return Err(AnthropicError::invalid("messages: expected an array of messages"))
         }
         None => return Err(AnthropicError::invalid("messages: Field required")),
@@ -154,21 +157,34 @@ pub async fn messages(
         ),
     };
     let system = body.member("system").map(RawValue::get);
-    let mut parsed = anthropic::parse(system, &texts).map_err(|e| AnthropicError::invalid(e.0))?;
+    // A resent message is found, not parsed (crate::resent).
+    let mut parsed = anthropic::parse_with(system, &texts, &*app.resent_anthropic)
+        .map_err(|e| AnthropicError::invalid(e.0))?;
 
-    let (run, unknown_model) = run_chain(&app, session.as_deref(), &mut parsed, model).await?;
+    let (run, unknown_model) = run_chain(&app, session.as_deref(), &mut parsed, model.clone()).await?;
     let written = anthropic::write(&parsed, &run.history);
-    let system_raw = match &written.system {
-        Some(system) => Some(
-            RawValue::from_string(system.clone())
-                .map_err(|e| AnthropicError::invalid(format!("system: {e}")))?,
-        ),
-        None => None,
-    };
-    let members = with_system(&body.members, system_raw.as_deref());
-    let forwarded = proxy::forwarded_body(&members, &written.messages);
+    let forwarded = forwarded_with_system(&body.members, &written);
     let path = upstream_path(&upstream.base, "");
-    let mut response = proxy::forward(upstream, Method::POST, &path, &headers, forwarded).await?;
+    let added_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let kept = app.traffic.keeps_bodies().then(|| forwarded.clone());
+    let mut answer = proxy::forward(upstream, Method::POST, &path, &headers, forwarded).await;
+    let request = crate::traffic::Request {
+        at,
+        wire: "anthropic",
+        model: Some(model),
+        session: session.is_some(),
+        messages_in: run.messages_in,
+        messages_sent: run.history.len(),
+        tokens_in: run.tokens_in,
+        tokens_sent: run.tokens_out,
+        added_ms,
+        status: match &answer {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        },
+    };
+    app.traffic.record(request, kept.as_ref(), answer.as_mut().ok());
+    let mut response = answer?;
     let added = response.headers_mut();
     let mut add = |name: &'static str, value: String| {
         if let Ok(value) = HeaderValue::from_str(&value) {
@@ -222,6 +238,7 @@ async fn run_chain(
             let turn = turns::current_turn(&parsed.messages, None);
             turns::prepare(&mut parsed.messages, turn);
             parsed.note_origins();
+            app.resent_anthropic.remember(parsed);
             let history = parsed.messages.clone();
             // An unlisted model runs as `default` (docs/proxy.md#models).
             let stateless = app
@@ -233,25 +250,21 @@ async fn run_chain(
     })
 }
 
-/// The request's members with `system` as written: replaced in its place, dropped when
-/// the output has none, put first when the chain gave one the request did not have.
-fn with_system<'a>(
-    members: &[(String, Option<&'a RawValue>)],
-    system: Option<&'a RawValue>,
-) -> Vec<(String, Option<&'a RawValue>)> {
-    let mut out = Vec::with_capacity(members.len() + 1);
+/// The body sent upstream: the request's members as they came, `messages` the written
+/// history, and `system` as written: replaced in its place, dropped when the output has
+/// none, put first when the chain gave one the request did not have.
+fn forwarded_with_system(members: &[Member<'_>], written: &anthropic::Written) -> Bytes {
+    let system = written.system.as_deref();
     let had = members.iter().any(|(key, _)| key == "system");
-    if let (false, Some(system)) = (had, system) {
-        out.push(("system".to_string(), Some(system)));
+    match (had, system) {
+        (false, Some(system)) => add_member(
+            &forwarded_body(members, &written.messages, &[]),
+            "system",
+            system,
+            true,
+        ),
+        _ => forwarded_body(members, &written.messages, &[("system", system)]),
     }
-    for (key, raw) in members {
-        if key != "system" {
-            out.push((key.clone(), *raw));
-        } else if let Some(system) = system {
-            out.push((key.clone(), Some(system)));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -284,5 +297,33 @@ mod tests {
         assert_eq!(kind(429), "rate_limit_error");
         assert_eq!(kind(502), "api_error");
         assert_eq!(kind(504), "timeout_error");
+    }
+
+    #[test]
+    fn system_is_replaced_in_its_place_dropped_or_put_first() {
+        let members = |body: &'static str| match RequestBody::read(body.as_bytes(), Some("messages")) {
+            Ok(RequestBody::Object(body)) => body.members,
+            _ => panic!("an object"),
+        };
+        let written = |system: Option<&str>| anthropic::Written {
+            system: system.map(str::to_string),
+            messages: "[]".into(),
+            cache_breakpoints: 0,
+        };
+        let text = |bytes: Bytes| String::from_utf8(bytes.to_vec()).unwrap();
+        let with = members(r#"{"model":"m","system":"s","messages":[1]}"#);
+        assert_eq!(
+            text(forwarded_with_system(&with, &written(Some(r#""t""#)))),
+            r#"{"model":"m","system":"t","messages":[]}"#
+        );
+        assert_eq!(
+            text(forwarded_with_system(&with, &written(None))),
+            r#"{"model":"m","messages":[]}"#
+        );
+        let without = members(r#"{"model":"m","messages":[1]}"#);
+        assert_eq!(
+            text(forwarded_with_system(&without, &written(Some(r#""t""#)))),
+            r#"{"system":"t","model":"m","messages":[]}"#
+        );
     }
 }

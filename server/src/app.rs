@@ -15,6 +15,10 @@ pub struct App {
     pub upstream: Option<Arc<crate::upstream::Upstream>>,
     /// The messages stateless proxy calls resent, parsed once (docs/proxy.md#stateless-by-default).
     pub resent: Arc<crate::resent::ResentMessages>,
+    /// The same for the Responses wire's items (docs/proxy.md#responses).
+    pub resent_items: Arc<crate::resent::ResentItems>,
+    /// The same for the Anthropic wire's messages (docs/proxy.md#anthropic-messages).
+    pub resent_anthropic: Arc<crate::resent::ResentAnthropic>,
     /// The last proxy requests' numbers, for the inspector page (docs/http-api.md#proxy-traffic).
     pub traffic: Arc<crate::traffic::Traffic>,
 }

@@ -9,6 +9,7 @@ mod answers;
 mod anthropic;
 mod app;
 mod auth;
+mod body;
 mod conn;
 mod mcp;
 mod proxy;
@@ -144,7 +145,9 @@ async fn run(options: ServeOptions) -> Result<(), String> {
             token: token.map(Arc::from),
             upstream,
             resent: Arc::default(),
-            traffic: Arc::default(),
+            resent_items: Arc::default(),
+            resent_anthropic: Arc::default(),
+            traffic: Arc::new(traffic::Traffic::new(&config.ui)),
         },
         config.max_body_mb,
         &config.server.mcp_allowed_hosts,

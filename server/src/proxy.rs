@@ -14,12 +14,11 @@ use axum::response::{IntoResponse, Response};
 use history_engine::turns;
 use history_sessions::{ErrorKind, SessionError};
 use http_body_util::{BodyExt, Full};
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::app::App;
+use crate::body::{forwarded_body, Elements, RequestBody};
 use crate::upstream::{unreachable, Upstream};
 
 /// The header that makes a request a turn of a session.
@@ -134,7 +133,7 @@ pub async fn chat_completions(
     })?;
     // Parsed once: the members stay raw JSON text, `messages` is split into its messages'
     // texts in the same pass, and only `model` is read further.
-    let body = match serde_json::from_slice::<RequestBody<'_>>(&bytes) {
+    let body = match RequestBody::read(&bytes, Some("messages")) {
         Ok(RequestBody::Object(body)) => body,
         Ok(RequestBody::Other) => return Err(OpenAiError::invalid("the body must be a JSON object")),
         Err(e) => return Err(OpenAiError::invalid(format!("the body is not valid JSON: {e}"))),
@@ -153,12 +152,12 @@ pub async fn chat_completions(
         }
         Some(Err(e)) => return Err(OpenAiError::invalid(format!("model: {e}"))),
     };
-    let messages = match &body.messages {
-        Some(Messages::Array(messages)) if !messages.is_empty() => messages,
-        Some(Messages::Array(_)) => {
+    let messages = match &body.split {
+        Some(Elements::Array(messages)) if !messages.is_empty() => messages,
+        Some(Elements::Array(_)) => {
             return Err(OpenAiError::invalid("messages: at least one message is needed"))
         }
-        Some(Messages::Other) => return Err(OpenAiError::invalid("messages: expected an array of messages")),
+        Some(Elements::Other) => return Err(OpenAiError::invalid("messages: expected an array of messages")),
         None => return Err(OpenAiError::invalid("missing \"messages\"")),
     };
     let session = match headers.get(SESSION_HEADER) {
@@ -210,7 +209,7 @@ pub async fn chat_completions(
     // provider takes it: without the host's `metadata` (docs/proxy.md#what-goes-upstream).
     let sent = history_wire::chat::provider_history_to_string(&run.history);
     let added_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let forwarded = match (&session, upstream.recall_rounds) {
+    let (mut forwarded, kept) = match (&session, upstream.recall_rounds) {
         // A session's plain request may have the model call the recall tools
         // (docs/mcp.md#the-proxy); a streamed one is forwarded as it is.
         (Some(id), Some(rounds)) if !crate::proxy_recall::streamed(&body.members) => {
@@ -219,15 +218,19 @@ pub async fn chat_completions(
                 session: id,
                 rounds,
             };
-            recall.run(upstream, &headers, &body.members, &sent).await
+            (recall.run(upstream, &headers, &body.members, &sent).await, None)
         }
         _ => {
-            let body = forwarded_body(&body.members, &sent);
+            let body = forwarded_body(&body.members, &sent, &[]);
+            let kept = app.traffic.keeps_bodies().then(|| body.clone());
             drop(bytes);
-            forward(upstream, Method::POST, "/chat/completions", &headers, body).await
+            (
+                forward(upstream, Method::POST, "/chat/completions", &headers, body).await,
+                kept,
+            )
         }
     };
-    app.traffic.record(crate::traffic::Request {
+    let request = crate::traffic::Request {
         at,
         wire: "chat",
         model,
@@ -241,7 +244,9 @@ pub async fn chat_completions(
             Ok(response) => response.status().as_u16(),
             Err(e) => e.status.as_u16(),
         },
-    });
+    };
+    app.traffic
+        .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;
     let added = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {
@@ -282,155 +287,6 @@ fn over_budget(app: &App, run: &history_engine::ChainRun, model: Option<&str>, u
             run.tokens_out, run.tokens_in
         ),
     ))
-}
-
-/// The visitor methods of every JSON value but an object or array, each answering `$other`.
-macro_rules! other_values {
-    ($other:expr) => {
-        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-            Ok($other)
-        }
-    };
-}
-
-/// A request body: an object's members in their order, each value as its raw JSON text
-/// (borrowed from the body), or any other JSON value. Read once, without building a
-/// `Value` of the whole body: every member but `messages` is forwarded as these bytes, and
-/// `messages` is split into its elements' texts in the same pass.
-pub(crate) enum RequestBody<'a> {
-    Object(Members<'a>),
-    Other,
-}
-
-pub(crate) struct Members<'a> {
-    /// Every member in its place; `None` stands for `messages`, whose value is in
-    /// [`Members::messages`].
-    pub(crate) members: Vec<(String, Option<&'a RawValue>)>,
-    pub(crate) messages: Option<Messages<'a>>,
-}
-
-impl<'a> Members<'a> {
-    pub(crate) fn member(&self, name: &str) -> Option<&'a RawValue> {
-        self.members
-            .iter()
-            .find(|(key, _)| key == name)
-            .and_then(|(_, raw)| *raw)
-    }
-}
-
-/// The value of `messages`: each element's JSON text, or a value of another kind.
-pub(crate) enum Messages<'a> {
-    Array(Vec<&'a RawValue>),
-    Other,
-}
-
-impl<'de> Deserialize<'de> for RequestBody<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct Body;
-        impl<'de> Visitor<'de> for Body {
-            type Value = RequestBody<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut members: Vec<(String, Option<&'de RawValue>)> = Vec::new();
-                let mut messages = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    let value = if key == "messages" {
-                        messages = Some(map.next_value::<Messages<'de>>()?);
-                        None
-                    } else {
-                        Some(map.next_value::<&'de RawValue>()?)
-                    };
-                    // A repeated key: the last value in the first one's place, as a
-                    // `serde_json::Map` (preserve_order) reads it.
-                    match members.iter_mut().find(|(k, _)| *k == key) {
-                        Some(member) => member.1 = value,
-                        None => members.push((key, value)),
-                    }
-                }
-                Ok(RequestBody::Object(Members { members, messages }))
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(RequestBody::Other)
-            }
-
-            other_values!(RequestBody::Other);
-        }
-        deserializer.deserialize_any(Body)
-    }
-}
-
-impl<'de> Deserialize<'de> for Messages<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct Elements;
-        impl<'de> Visitor<'de> for Elements {
-            type Value = Messages<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut elements = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(element) = seq.next_element::<&'de RawValue>()? {
-                    elements.push(element);
-                }
-                Ok(Messages::Array(elements))
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Messages::Other)
-            }
-
-            other_values!(Messages::Other);
-        }
-        deserializer.deserialize_any(Elements)
-    }
-}
-
-/// The body sent upstream: the request's members in their order and as their bytes came,
-/// with `sent` (the sent history's JSON text) as the value of `messages`.
-pub(crate) fn forwarded_body(members: &[(String, Option<&RawValue>)], sent: &str) -> Bytes {
-    let size = members
-        .iter()
-        .map(|(key, raw)| key.len() + raw.map_or(0, |raw| raw.get().len()) + 4)
-        .sum::<usize>();
-    let mut out = Vec::with_capacity(size + sent.len());
-    out.push(b'{');
-    for (index, (key, raw)) in members.iter().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        serde_json::to_writer(&mut out, key).expect("writing to a Vec cannot fail");
-        out.push(b':');
-        match raw {
-            None => out.extend_from_slice(sent.as_bytes()),
-            Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
-        }
-    }
-    out.push(b'}');
-    Bytes::from(out)
 }
 
 /// `GET /v1/models`: passed through.
@@ -595,52 +451,4 @@ pub(crate) async fn forward(
             e.to_string(),
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn members(body: &str) -> Vec<(String, Option<&RawValue>)> {
-        match serde_json::from_str::<RequestBody<'_>>(body) {
-            Ok(RequestBody::Object(body)) => body.members,
-            Ok(RequestBody::Other) => panic!("not an object: {body}"),
-            Err(e) => panic!("{body}: {e}"),
-        }
-    }
-
-    #[test]
-    fn the_forwarded_body_keeps_every_other_member_as_its_bytes_came_in_its_place() {
-        let body = r#"{"model":"m", "temperature": 0.20, "messages":[{"role":"user","content":"a"}],"tools":[{"x":1e2}] ,"z":null}"#;
-        let sent = r#"[{"role":"user","content":"b"}]"#;
-        let forwarded = forwarded_body(&members(body), sent);
-        assert_eq!(
-            std::str::from_utf8(&forwarded).unwrap(),
-            r#"{"model":"m","temperature":0.20,"messages":[{"role":"user","content":"b"}],"tools":[{"x":1e2}],"z":null}"#
-        );
-    }
-
-    #[test]
-    fn a_repeated_member_is_read_as_serde_json_reads_it() {
-        let body = r#"{"a":1,"messages":[],"a":{"b":2},"k\"ey":"v"}"#;
-        let ours = String::from_utf8(forwarded_body(&members(body), "[]").to_vec()).unwrap();
-        let theirs: Value = serde_json::from_str(body).unwrap();
-        assert_eq!(ours, theirs.to_string());
-    }
-
-    #[test]
-    fn a_body_that_is_no_object_or_no_json_is_told_apart() {
-        for other in ["[1, [2, {}]]", "\"text\"", "3", "-3", "1.5", "true", "null"] {
-            assert!(
-                matches!(
-                    serde_json::from_str::<RequestBody<'_>>(other),
-                    Ok(RequestBody::Other)
-                ),
-                "{other}"
-            );
-        }
-        for bad in ["", "{", "{\"a\":}", "{} {}", "{\"messages\":[1,]}"] {
-            assert!(serde_json::from_str::<RequestBody<'_>>(bad).is_err(), "{bad}");
-        }
-    }
 }

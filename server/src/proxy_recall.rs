@@ -12,9 +12,9 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use history_sessions::Service;
-use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use crate::body::{add_member, forwarded_body, member, Member};
 use crate::proxy::{forward, OpenAiError};
 use crate::upstream::Upstream;
 
@@ -23,7 +23,7 @@ const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// Whether the request asks for a streamed answer (`"stream": true`): then the recall
 /// tools are not offered, since their calls would reach the client mid-stream.
-pub(crate) fn streamed(members: &[(String, Option<&RawValue>)]) -> bool {
+pub(crate) fn streamed(members: &[Member<'_>]) -> bool {
     members
         .iter()
         .any(|(key, raw)| key == "stream" && raw.is_some_and(|raw| raw.get().trim() == "true"))
@@ -45,7 +45,7 @@ impl Recall<'_> {
         &self,
         upstream: &Upstream,
         headers: &HeaderMap,
-        members: &[(String, Option<&RawValue>)],
+        members: &[Member<'_>],
         sent: &str,
     ) -> Result<Response, OpenAiError> {
         let mut messages: Vec<Value> = serde_json::from_str(sent).map_err(|e| bad_answer(e.to_string()))?;
@@ -120,37 +120,23 @@ fn bad_answer(why: String) -> OpenAiError {
     )
 }
 
-fn member<'a>(members: &[(String, Option<&'a RawValue>)], name: &str) -> Option<&'a RawValue> {
-    members
-        .iter()
-        .find(|(key, _)| key == name)
-        .and_then(|(_, raw)| *raw)
-}
-
-/// The body sent upstream: the request's members as they came, `messages` and `tools`
-/// in their place (`tools` added last when the request had none, dropped when `None`).
-fn with_members(
-    members: &[(String, Option<&RawValue>)],
-    messages: &[Value],
-    tools: Option<&Vec<Value>>,
-) -> Bytes {
-    let mut out = serde_json::Map::new();
-    for (key, raw) in members {
-        let value = match (key.as_str(), raw) {
-            ("messages", _) => json!(messages),
-            ("tools", _) => match tools {
-                Some(tools) => json!(tools),
-                None => continue,
-            },
-            (_, Some(raw)) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
-            (_, None) => continue,
-        };
-        out.insert(key.clone(), value);
+/// The body sent upstream: the request's members as their bytes came, `messages` and
+/// `tools` in their place (`tools` added last when the request had none, dropped when
+/// `None`).
+fn with_members(members: &[Member<'_>], messages: &[Value], tools: Option<&Vec<Value>>) -> Bytes {
+    let messages = serde_json::to_string(messages).expect("a JSON value is written");
+    let tools = tools.map(|tools| serde_json::to_string(tools).expect("a JSON value is written"));
+    let body = forwarded_body(
+        members,
+        &messages,
+        &[("messages", Some(&messages)), ("tools", tools.as_deref())],
+    );
+    match tools {
+        Some(tools) if !members.iter().any(|(key, _)| key == "tools") => {
+            add_member(&body, "tools", &tools, false)
+        }
+        _ => body,
     }
-    if let (Some(tools), false) = (tools, out.contains_key("tools")) {
-        out.insert("tools".into(), json!(tools));
-    }
-    Bytes::from(Value::Object(out).to_string())
 }
 
 /// A model's call of a recall tool: its id, the tool's name, its arguments (JSON text).
@@ -208,20 +194,11 @@ mod tests {
 
     #[test]
     fn the_tools_are_added_in_place_or_last_and_other_members_kept() {
-        let body = r#"{"model":"m","messages":[],"temperature":0.5}"#;
-        let members = match serde_json::from_str::<Value>(body).unwrap() {
-            Value::Object(_) => {
-                let raw: Vec<(String, Box<RawValue>)> = vec![
-                    ("model".into(), RawValue::from_string("\"m\"".into()).unwrap()),
-                    ("messages".into(), RawValue::from_string("[]".into()).unwrap()),
-                    ("temperature".into(), RawValue::from_string("0.5".into()).unwrap()),
-                ];
-                raw
-            }
-            _ => unreachable!(),
+        let body = r#"{"model":"m","messages":[],"temperature":0.50}"#;
+        let members = match crate::body::RequestBody::read(body.as_bytes(), Some("messages")) {
+            Ok(crate::body::RequestBody::Object(body)) => body.members,
+            _ => unreachable!("an object"),
         };
-        let members: Vec<(String, Option<&RawValue>)> =
-            members.iter().map(|(k, v)| (k.clone(), Some(&**v))).collect();
         let out = with_members(
             &members,
             &[json!({"role": "user", "content": "q"})],
@@ -229,8 +206,21 @@ mod tests {
         );
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
-            r#"{"model":"m","messages":[{"role":"user","content":"q"}],"temperature":0.5,"tools":[{"type":"function"}]}"#
+            r#"{"model":"m","messages":[{"role":"user","content":"q"}],"temperature":0.50,"tools":[{"type":"function"}]}"#
         );
+        // Tools the request had: replaced in their place, or dropped.
+        let body = r#"{"tools":[{"own":1}],"messages":[]}"#;
+        let members = match crate::body::RequestBody::read(body.as_bytes(), Some("messages")) {
+            Ok(crate::body::RequestBody::Object(body)) => body.members,
+            _ => unreachable!("an object"),
+        };
+        let out = with_members(&members, &[], Some(&vec![json!(2)]));
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"tools":[2],"messages":[]}"#
+        );
+        let out = with_members(&members, &[], None);
+        assert_eq!(std::str::from_utf8(&out).unwrap(), r#"{"messages":[]}"#);
         assert!(!streamed(&members));
     }
 }

@@ -9,10 +9,13 @@
 //! texts never share a parse. Bounded (`history_engine::bounded`): [`MAX_ENTRIES`]
 //! messages and [`MAX_BYTES`] in all, in shards by hash.
 
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use history_engine::bounded::BoundedMap;
+use history_wire::anthropic;
 use history_wire::chat::{parse_message, ShapeError};
+use history_wire::responses::{Item, Memory, Parsed};
 use plugin_api::{Message, RArc};
 use rustc_hash::FxHasher;
 use serde_json::value::RawValue;
@@ -90,6 +93,113 @@ impl ResentMessages {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.0.len()
+    }
+}
+
+/// The same memory for the Responses wire (docs/proxy.md#responses): each `input` item's
+/// text with the item read from it, and each message made of items with those items
+/// (compared by address: an entry holds its items, so an address is never reused while
+/// it is there). Bounded like [`ResentMessages`], each map on its own.
+pub(crate) struct ResentItems {
+    items: BoundedMap<Key, (Box<str>, Arc<Item>)>,
+    messages: BoundedMap<u64, MadeOf>,
+}
+
+impl Default for ResentItems {
+    fn default() -> Self {
+        ResentItems {
+            items: BoundedMap::new(MAX_ENTRIES, MAX_BYTES),
+            messages: BoundedMap::new(MAX_ENTRIES, MAX_BYTES),
+        }
+    }
+}
+
+/// A message and the items it was made of.
+type MadeOf = (Box<[Arc<Item>]>, RArc<Message>);
+
+/// A run of items' key: their addresses hashed.
+fn items_key(items: &[Arc<Item>]) -> u64 {
+    let mut hasher = FxHasher::default();
+    for item in items {
+        hasher.write_usize(Arc::as_ptr(item) as usize);
+    }
+    hasher.finish()
+}
+
+impl Memory for ResentItems {
+    fn item(&self, raw: &str) -> Option<Arc<Item>> {
+        let key = key(raw);
+        self.items
+            .get(spread(key), &key, |(seen, item)| {
+                (**seen == *raw).then(|| item.clone())
+            })
+            .flatten()
+    }
+
+    fn message(&self, items: &[Arc<Item>]) -> Option<RArc<Message>> {
+        let key = items_key(items);
+        self.messages
+            .get(key >> 60, &key, |(seen, message)| {
+                let same =
+                    seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| Arc::ptr_eq(a, b));
+                same.then(|| message.clone())
+            })
+            .flatten()
+    }
+}
+
+impl ResentItems {
+    /// Keeps what `parsed` read and made, once its messages are prepared (as
+    /// [`ResentMessages::parse`] keeps a message after `prepare`).
+    pub(crate) fn remember(&self, parsed: &Parsed<'_>) {
+        for (raw, item) in parsed.parsed_items() {
+            let key = key(raw);
+            self.items.insert(
+                spread(key),
+                key,
+                (raw.into(), item.clone()),
+                raw.len() + item.weight(),
+            );
+        }
+        for (items, message) in parsed.made_messages() {
+            let key = items_key(items);
+            let bytes = items.iter().map(|item| item.weight()).sum::<usize>();
+            self.messages
+                .insert(key >> 60, key, (items.into(), message.clone()), bytes);
+        }
+    }
+}
+
+/// The same memory for the Anthropic wire (docs/proxy.md#anthropic-messages): each
+/// message's text with what it was read into (its host messages, prepared).
+pub(crate) struct ResentAnthropic(BoundedMap<Key, (Box<str>, Arc<anthropic::Read>)>);
+
+impl Default for ResentAnthropic {
+    fn default() -> Self {
+        ResentAnthropic(BoundedMap::new(MAX_ENTRIES, MAX_BYTES))
+    }
+}
+
+impl anthropic::Memory for ResentAnthropic {
+    fn message(&self, raw: &str) -> Option<Arc<anthropic::Read>> {
+        let key = key(raw);
+        self.0
+            .get(spread(key), &key, |(seen, read)| {
+                (**seen == *raw).then(|| read.clone())
+            })
+            .flatten()
+    }
+}
+
+impl ResentAnthropic {
+    /// Keeps what `parsed` read, once its messages are prepared.
+    pub(crate) fn remember(&self, parsed: &anthropic::Parsed<'_>) {
+        for (raw, read) in parsed.reads() {
+            let key = key(raw);
+            let bytes = raw.len() + read.weight();
+            self.0
+                .insert(spread(key), key, (raw.into(), Arc::new(read)), bytes);
+        }
     }
 }
 

@@ -11,12 +11,12 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::Response;
 use history_engine::turns;
 use history_sessions::StatelessRun;
-use plugin_api::{Message, RArc};
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use history_wire::responses::{Input, Parsed};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::app::App;
+use crate::body::{forwarded_body, member, Elements, Members, RequestBody};
 use crate::proxy::{forward, upstream, OpenAiError, Result, SESSION_HEADER};
 
 /// The upstream path, under the upstream's base URL (which ends in `/v1`).
@@ -29,6 +29,8 @@ pub async fn responses(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let upstream = upstream(&app)?;
+    let started = std::time::Instant::now();
+    let at = history_sessions::clock::now_ms();
     let bytes = body.map_err(|rejection| {
         OpenAiError::new(
             rejection.status(),
@@ -37,9 +39,18 @@ pub async fn responses(
             format!("cannot read the body: {}", rejection.body_text()),
         )
     })?;
-    let members = match serde_json::from_slice::<Body<'_>>(&bytes) {
-        Ok(Body::Object(members)) => members,
-        Ok(Body::Other) => return Err(OpenAiError::invalid("the body must be a JSON object")),
+    // Read once, `input` split into its items in the same pass; a string `input` (or
+    // any other value) is read again whole, its text written back as it came.
+    let (members, items) = match RequestBody::read(&bytes, Some("input")) {
+        Ok(RequestBody::Object(Members {
+            members,
+            split: Some(Elements::Array(items)),
+        })) => (members, Some(items)),
+        Ok(RequestBody::Object(_)) => match RequestBody::read(&bytes, None) {
+            Ok(RequestBody::Object(body)) => (body.members, None),
+            _ => return Err(OpenAiError::invalid("the body must be a JSON object")),
+        },
+        Ok(RequestBody::Other) => return Err(OpenAiError::invalid("the body must be a JSON object")),
         Err(e) => return Err(OpenAiError::invalid(format!("the body is not valid JSON: {e}"))),
     };
     let present = |name: &str| member(&members, name).is_some_and(|raw| raw.get() != "null");
@@ -59,20 +70,58 @@ pub async fn responses(
         Some(Ok(_)) => return Err(OpenAiError::invalid("model: expected a string")),
         Some(Err(e)) => return Err(OpenAiError::invalid(format!("model: {e}"))),
     };
-    let input = member(&members, "input").ok_or_else(|| OpenAiError::invalid("missing \"input\""))?;
-    let parsed = history_wire::responses::parse(member(&members, "instructions"), input)
-        .map_err(OpenAiError::invalid)?;
+    let input = match (&items, member(&members, "input")) {
+        (Some(items), _) => Input::Items(items),
+        (None, Some(raw)) => Input::Raw(raw),
+        (None, None) => return Err(OpenAiError::invalid("missing \"input\"")),
+    };
+    // A resent item is found, not parsed (crate::resent), here on the async thread as the
+    // body was; only the chain goes to a blocking thread.
+    let mut parsed =
+        history_wire::responses::parse_with(member(&members, "instructions"), input, &*app.resent_items)
+            .map_err(OpenAiError::invalid)?;
     if parsed.messages.is_empty() {
         return Err(OpenAiError::invalid("input: at least one item is needed"));
     }
-    let StatelessRun { run, unknown_model } = run_chain(&app, &headers, &parsed.messages, model).await?;
-    let written = parsed.record.write(&run.history);
-    let body = forwarded_body(&members, &written);
+    let StatelessRun { run, unknown_model } = run_chain(&app, &headers, &mut parsed, model.clone()).await?;
+    let written = parsed.write(&run.history);
+    // `instructions` as written, or left out when the chain did not keep it (a `null`
+    // stays as it came).
+    let instructions = match &written.instructions {
+        Some(text) => Some(text.as_str()),
+        None => member(&members, "instructions")
+            .map(RawValue::get)
+            .filter(|raw| *raw == "null"),
+    };
+    let body = forwarded_body(
+        &members,
+        "",
+        &[("input", Some(&written.input)), ("instructions", instructions)],
+    );
     drop(parsed);
     drop(members);
     drop(bytes);
-
-    let mut response = forward(upstream, Method::POST, PATH, &headers, body).await?;
+    let added_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let kept = app.traffic.keeps_bodies().then(|| body.clone());
+    let mut forwarded = forward(upstream, Method::POST, PATH, &headers, body).await;
+    let request = crate::traffic::Request {
+        at,
+        wire: "responses",
+        model,
+        session: headers.contains_key(SESSION_HEADER),
+        messages_in: run.messages_in,
+        messages_sent: run.history.len(),
+        tokens_in: run.tokens_in,
+        tokens_sent: run.tokens_out,
+        added_ms,
+        status: match &forwarded {
+            Ok(response) => response.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        },
+    };
+    app.traffic
+        .record(request, kept.as_ref(), forwarded.as_mut().ok());
+    let mut response = forwarded?;
     let added = response.headers_mut();
     let mut add = |name: &'static str, value: String| {
         if let Ok(value) = HeaderValue::from_str(&value) {
@@ -95,11 +144,12 @@ pub async fn responses(
 }
 
 /// The chain on the request's messages: a turn of the session `X-History-Session` names,
-/// or a stateless run.
+/// or a stateless run. A stateless run's messages are prepared in place and what was
+/// parsed is remembered once they are.
 async fn run_chain(
     app: &App,
     headers: &HeaderMap,
-    messages: &[RArc<Message>],
+    parsed: &mut Parsed<'_>,
     model: Option<String>,
 ) -> Result<StatelessRun> {
     let session = match headers.get(SESSION_HEADER) {
@@ -113,7 +163,8 @@ async fn run_chain(
     match session {
         Some(id) => {
             // A session's transcript is kept in the chat format (docs/wire-format.md).
-            let messages = messages
+            let messages = parsed
+                .messages
                 .iter()
                 .map(|message| serde_json::from_str::<Value>(&history_wire::chat::message_to_string(message)))
                 .collect::<std::result::Result<Vec<_>, _>>()
@@ -125,139 +176,11 @@ async fn run_chain(
             })
         }
         None => {
-            let mut history = messages.to_vec();
-            let turn = turns::current_turn(&history, None);
-            turns::prepare(&mut history, turn);
+            let turn = turns::current_turn(&parsed.messages, None);
+            turns::prepare(&mut parsed.messages, turn);
+            app.resent_items.remember(parsed);
+            let history = parsed.messages.clone();
             Ok(app.service.run_stateless("proxy", history, turn, model).await?)
         }
-    }
-}
-
-fn member<'a>(members: &[(String, &'a RawValue)], name: &str) -> Option<&'a RawValue> {
-    members.iter().find(|(key, _)| key == name).map(|(_, raw)| *raw)
-}
-
-/// The body sent upstream: the request's members in their order and as their bytes came,
-/// `input` the written history and `instructions` the written system text (left out when
-/// the chain did not keep it).
-fn forwarded_body(members: &[(String, &RawValue)], written: &history_wire::responses::Written) -> Bytes {
-    let size = members
-        .iter()
-        .map(|(key, raw)| key.len() + raw.get().len() + 4)
-        .sum::<usize>();
-    let mut out = Vec::with_capacity(size + written.input.len());
-    out.push(b'{');
-    for (key, raw) in members {
-        let value = match key.as_str() {
-            "input" => written.input.as_str(),
-            "instructions" => match &written.instructions {
-                Some(text) => text.as_str(),
-                None if raw.get() == "null" => raw.get(),
-                None => continue,
-            },
-            _ => raw.get(),
-        };
-        if out.len() > 1 {
-            out.push(b',');
-        }
-        serde_json::to_writer(&mut out, key).expect("writing to a Vec cannot fail");
-        out.push(b':');
-        out.extend_from_slice(value.as_bytes());
-    }
-    out.push(b'}');
-    Bytes::from(out)
-}
-
-/// A request body: an object's members in their order, each value as its raw JSON text
-/// (borrowed from the body), or any other JSON value.
-enum Body<'a> {
-    Object(Vec<(String, &'a RawValue)>),
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Body<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct Members;
-        impl<'de> Visitor<'de> for Members {
-            type Value = Body<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-                let mut members: Vec<(String, &'de RawValue)> = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let value = map.next_value::<&'de RawValue>()?;
-                    // A repeated key: the last value in the first one's place, as
-                    // serde_json reads it (docs/proxy.md#what-goes-upstream).
-                    match members.iter_mut().find(|(k, _)| *k == key) {
-                        Some(member) => member.1 = value,
-                        None => members.push((key, value)),
-                    }
-                }
-                Ok(Body::Object(members))
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Body::Other)
-            }
-
-            fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-                Ok(Body::Other)
-            }
-            fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-                Ok(Body::Other)
-            }
-            fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-                Ok(Body::Other)
-            }
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-                Ok(Body::Other)
-            }
-            fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
-                Ok(Body::Other)
-            }
-            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-                Ok(Body::Other)
-            }
-        }
-        deserializer.deserialize_any(Members)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use history_wire::responses::Written;
-
-    fn members(body: &str) -> Vec<(String, &RawValue)> {
-        match serde_json::from_str::<Body<'_>>(body) {
-            Ok(Body::Object(members)) => members,
-            _ => panic!("not an object: {body}"),
-        }
-    }
-
-    #[test]
-    fn the_forwarded_body_keeps_every_other_member_in_place_and_drops_instructions_not_kept() {
-        let body =
-            r#"{"model":"m", "instructions":"be", "input":[{"type":"x"}], "store": false ,"z":{"a":1.50}}"#;
-        let written = Written {
-            instructions: Some(r#""be!""#.into()),
-            input: "[]".into(),
-        };
-        let forwarded = forwarded_body(&members(body), &written);
-        assert_eq!(
-            std::str::from_utf8(&forwarded).unwrap(),
-            r#"{"model":"m","instructions":"be!","input":[],"store":false,"z":{"a":1.50}}"#
-        );
-        let body = r#"{"instructions":"be","input":"hi"}"#;
-        let written = Written {
-            instructions: None,
-            input: r#""hi""#.into(),
-        };
-        let forwarded = forwarded_body(&members(body), &written);
-        assert_eq!(std::str::from_utf8(&forwarded).unwrap(), r#"{"input":"hi"}"#);
     }
 }

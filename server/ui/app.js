@@ -394,20 +394,31 @@ async function showTraffic() {
     const pages = Math.max(1, Math.ceil(requests.length / PAGE));
     state.page = Math.min(state.page, pages - 1);
     return el("section", { id: "traffic" },
-      el("h2", {}, `Proxy traffic (the last ${answer.body.kept} requests are kept in memory; no bodies)`),
+      el("h2", {}, `Proxy traffic (the last ${answer.body.kept} requests are kept in memory; ` +
+        (answer.body.bodies ? "with their bodies: [ui] keep_bodies)" : "no bodies)")),
       el("table", { id: "traffic-table" },
         el("thead", {}, el("tr", {}, ["at", "wire", "model", "session", "messages in → sent",
           "tokens in → sent", "added ms", "upstream status"].map((h) => el("th", {}, h)))),
-        el("tbody", {}, requests.slice(state.page * PAGE, (state.page + 1) * PAGE).map((r) =>
+        el("tbody", {}, requests.slice(state.page * PAGE, (state.page + 1) * PAGE).map((r) => [
           el("tr", { class: r.status >= 400 ? "quarantined" : "" },
             el("td", {}, r.at), el("td", {}, r.wire), el("td", {}, r.model === null ? "–" : r.model),
             el("td", {}, r.session ? "yes" : "stateless"),
             el("td", { class: "num" }, `${r.messages_in} → ${r.messages_sent}`),
             el("td", { class: "num" }, `${r.tokens_in} → ${r.tokens_sent}`),
             el("td", { class: "num" }, Number(r.added_ms).toFixed(2)),
-            el("td", { class: "num" }, r.status))))),
+            el("td", { class: "num" }, r.status)),
+          r.bodies ? el("tr", { class: "bodies" }, el("td", { colspan: "8" }, bodies(r.bodies))) : null]))),
       pager(state.page, pages, (p) => { state.page = p; redraw(); }));
   });
+}
+
+// A request's kept bodies, as text (never as markup): what went upstream and the answer.
+function bodies(b) {
+  const one = (name, kept, cls) => [
+    el("h3", {}, `${name}: ${kept.bytes} bytes${kept.cut ? ", cut" : ""}`),
+    el("pre", { class: cls }, kept.text)];
+  return el("details", {}, el("summary", {}, "bodies"),
+    one("sent upstream", b.sent, "body-sent"), one("answer", b.answer, "body-answer"));
 }
 
 // ---- the header's forms, and polling ----

@@ -7,14 +7,14 @@
 //! `content_block_delta`…, `content_block_stop`, `message_delta`, `message_stop`.
 //! `POST /v1/messages/count_tokens` answers `{"input_tokens": N}`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
-use crate::upstream::Received;
+use crate::upstream::{accept, read_request, Received};
 
 /// The running stand-in; it stops accepting when dropped.
 pub struct AnthropicUpstream {
@@ -39,14 +39,10 @@ impl AnthropicUpstream {
             upstream.invalid.clone(),
             upstream.stop.clone(),
         );
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(stream) = stream else { continue };
-                let (received, invalid) = (received.clone(), invalid.clone());
-                std::thread::spawn(move || serve(stream, &received, &invalid));
+        accept(listener, stop, move |stream| {
+            let (received, invalid) = (received.clone(), invalid.clone());
+            move || {
+                let _ = serve(stream, &received, &invalid);
             }
         });
         upstream
@@ -189,41 +185,6 @@ fn thinking_rule(body: &Value, messages: &[Value]) -> Result<(), String> {
         Some(b) if kind(b) == "redacted_thinking" => Ok(()),
         _ => Err("with thinking enabled, the final assistant message of a tool loop must start with a thinking block".into()),
     }
-}
-
-fn read_request(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<Received>> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("").to_string();
-    let path = parts.next().unwrap_or("").to_string();
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-        }
-    }
-    let length = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
-    Ok(Some(Received {
-        method,
-        path,
-        headers,
-        body,
-    }))
 }
 
 fn answer(out: &mut TcpStream, status: &str, body: &Value) -> std::io::Result<()> {

@@ -35,6 +35,37 @@ pub fn shipped_config(extra: &str, replace: &[(&str, &str)]) -> TestConfig {
     TestConfig::new(&text)
 }
 
+/// The shipped chain on a small window (`agent_max_ctx = 12`), so a long conversation
+/// gets trimmed, with `tables` (TOML tables, e.g. `[ui]`) added at the end.
+pub fn small_window(tables: &str) -> TestConfig {
+    let config = shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")]);
+    if !tables.is_empty() {
+        let mut text = std::fs::read_to_string(&config.path).unwrap();
+        text.push('\n');
+        text.push_str(tables);
+        std::fs::write(&config.path, text).unwrap();
+    }
+    config
+}
+
+/// `serve --upstream UPSTREAM` on a free loopback port (the proxy's tests), its store in
+/// the configuration's folder.
+pub fn start_proxy(config: &TestConfig, upstream: &str) -> Server {
+    start_proxy_with(config, upstream, &[])
+}
+
+/// [`start_proxy`] with `env` set.
+pub fn start_proxy_with(config: &TestConfig, upstream: &str, env: &[(&str, &str)]) -> Server {
+    let store = config.dir.path().join("sessions.db");
+    Server::try_start(
+        &config.path,
+        &store,
+        env,
+        &["--listen", "127.0.0.1:0", "--upstream", upstream],
+    )
+    .unwrap_or_else(|e| panic!("serve did not start: {e}"))
+}
+
 /// A running `history-host serve`.
 pub struct Server {
     child: Option<Child>,

@@ -212,31 +212,25 @@ impl Upstream {
             upstream.chunk_times.clone(),
             upstream.stop.clone(),
         );
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(stream) = stream else { continue };
-                let (received, times, tls) = (received.clone(), times.clone(), tls.clone());
-                std::thread::spawn(move || {
-                    let _ = match tls {
-                        None => serve(&mut { stream }, behaviour, &received, &times),
-                        // A handshake the client refuses ends here, with an error.
-                        Some(config) => match rustls::ServerConnection::new(config) {
-                            Ok(connection) => {
-                                let mut tls = rustls::StreamOwned::new(connection, stream);
-                                let served = serve(&mut tls, behaviour, &received, &times);
-                                // A stream's end is the connection's close: said over TLS
-                                // first, or the client sees a truncation.
-                                tls.conn.send_close_notify();
-                                let _ = tls.flush();
-                                served
-                            }
-                            Err(e) => Err(std::io::Error::other(e)),
-                        },
-                    };
-                });
+        accept(listener, stop, move |stream| {
+            let (received, times, tls) = (received.clone(), times.clone(), tls.clone());
+            move || {
+                let _ = match tls {
+                    None => serve(&mut { stream }, behaviour, &received, &times),
+                    // A handshake the client refuses ends here, with an error.
+                    Some(config) => match rustls::ServerConnection::new(config) {
+                        Ok(connection) => {
+                            let mut tls = rustls::StreamOwned::new(connection, stream);
+                            let served = serve(&mut tls, behaviour, &received, &times);
+                            // A stream's end is the connection's close: said over TLS
+                            // first, or the client sees a truncation.
+                            tls.conn.send_close_notify();
+                            let _ = tls.flush();
+                            served
+                        }
+                        Err(e) => Err(std::io::Error::other(e)),
+                    },
+                };
             }
         });
         upstream
@@ -250,6 +244,62 @@ impl Upstream {
     pub fn requests(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }
+}
+
+/// Accepts connections on `listener` until `stop` is set (and a connection wakes it),
+/// each served on its own thread by what `serve` makes of it: what every stand-in
+/// upstream shares, each with its own answers and validation.
+pub(crate) fn accept<F, G>(listener: TcpListener, stop: Arc<AtomicBool>, serve: F)
+where
+    F: Fn(TcpStream) -> G + Send + 'static,
+    G: FnOnce() + Send + 'static,
+{
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(stream) = stream else { continue };
+            std::thread::spawn(serve(stream));
+        }
+    });
+}
+
+/// One HTTP/1.1 request read whole (line, headers, a `Content-Length` body); `None` when
+/// the client closed the connection.
+pub(crate) fn read_request(reader: &mut impl BufRead) -> std::io::Result<Option<Received>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let path = parts.next().unwrap_or("").to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+    }
+    let length = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok(Some(Received {
+        method,
+        path,
+        headers,
+        body,
+    }))
 }
 
 impl Drop for Upstream {
@@ -269,39 +319,7 @@ fn serve(
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream);
     // Writes go past the reader's buffer, straight to the connection (`get_mut`).
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_string();
-        let path = parts.next().unwrap_or("").to_string();
-        let mut headers = Vec::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line)?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-            }
-        }
-        let length = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .and_then(|(_, v)| v.parse::<usize>().ok())
-            .unwrap_or(0);
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body)?;
-        let request = Received {
-            method,
-            path,
-            headers,
-            body,
-        };
+    while let Some(request) = read_request(&mut reader)? {
         received.lock().unwrap().push(request.clone());
         if request.path.ends_with("/models") {
             let body = json!({"object": "list", "data": [{"id": "gpt-4o", "object": "model", "created": 0, "owned_by": "standin"}]}).to_string();
@@ -389,6 +407,7 @@ fn serve(
         )?;
         reader.get_mut().flush()?;
     }
+    Ok(())
 }
 
 /// Answers a Responses request: 400 with OpenAI's error if the API would refuse it, else

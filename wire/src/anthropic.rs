@@ -9,6 +9,7 @@
 //! host messages all came out of the chain unchanged is written as the bytes it came in.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use plugin_api::{Content, Member, Message, Part, RArc, Role, ToolCall};
 use serde_json::value::RawValue;
@@ -59,9 +60,66 @@ struct Input<'a> {
     start: usize,
     end: usize,
     cache_breakpoints: usize,
+    /// Read here (not given by the memory): the blocks not written as their compact JSON,
+    /// for [`Read`].
+    fresh: Option<Vec<(String, usize, usize)>>,
 }
 
-impl Parsed<'_> {
+/// One Anthropic message read: its host messages and what writing them back needs. Made
+/// by [`parse_with`] (see [`Parsed::reads`]), kept by a [`Memory`], so a resent message
+/// is neither parsed nor made again (docs/proxy.md#stateless-by-default).
+pub struct Read {
+    messages: Vec<RArc<Message>>,
+    order: Vec<Vec<bool>>,
+    marks: usize,
+    /// Each block not written as its compact JSON: that JSON, and where the block is in
+    /// the message's text.
+    blocks: Vec<(String, usize, usize)>,
+    len: usize,
+}
+
+impl Read {
+    /// Bytes it holds, for a memory's bound: its messages counted as the text they came
+    /// from.
+    pub fn weight(&self) -> usize {
+        2 * self.len + std::mem::size_of::<Read>()
+    }
+}
+
+/// What was read before: an Anthropic message from exactly these bytes.
+pub trait Memory {
+    fn message(&self, raw: &str) -> Option<Arc<Read>>;
+}
+
+/// No memory: every message parsed.
+pub struct Forgetful;
+
+impl Memory for Forgetful {
+    fn message(&self, _: &str) -> Option<Arc<Read>> {
+        None
+    }
+}
+
+impl<'a> Parsed<'a> {
+    /// The messages read here, for a memory to keep: each one's text and what it was read
+    /// into, its host messages as they are in [`Parsed::messages`] now (keep them once
+    /// prepared, with their identities).
+    pub fn reads(&self) -> impl Iterator<Item = (&'a str, Read)> + '_ {
+        self.inputs.iter().filter_map(|input| {
+            let blocks = input.fresh.as_ref()?;
+            Some((
+                input.raw,
+                Read {
+                    messages: self.messages[input.start..input.end].to_vec(),
+                    order: self.order[input.start..input.end].to_vec(),
+                    marks: input.cache_breakpoints,
+                    blocks: blocks.clone(),
+                    len: input.raw.len(),
+                },
+            ))
+        })
+    }
+
     /// Remembers the identities the host gave the messages (after `turns::prepare`), so
     /// that a changed copy's blocks are written back in their order.
     pub fn note_origins(&mut self) {
@@ -106,6 +164,15 @@ fn has_cache_control(block: &Value) -> usize {
 
 /// Parses `system` (raw JSON text, if present) and each message's raw JSON text.
 pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed<'a>, ShapeError> {
+    parse_with(system, messages, &Forgetful)
+}
+
+/// [`parse`], taking from `memory` the messages it read before.
+pub fn parse_with<'a>(
+    system: Option<&'a str>,
+    messages: &[&'a str],
+    memory: &dyn Memory,
+) -> Result<Parsed<'a>, ShapeError> {
     let mut parsed = Parsed {
         messages: Vec::with_capacity(messages.len() + 1),
         system: None,
@@ -121,7 +188,9 @@ pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed
         if !value.is_null() {
             let (content, marks) = parse_system(&value)?;
             if let Value::Array(system_blocks) = &value {
-                remember_array(raw, system_blocks, &mut parsed.blocks);
+                let mut blocks = Vec::new();
+                remember_array(raw, system_blocks, &mut blocks);
+                parsed.blocks.extend(blocks);
             }
             parsed.cache_breakpoints += marks;
             parsed.system_marks = marks;
@@ -133,26 +202,51 @@ pub fn parse<'a>(system: Option<&'a str>, messages: &[&'a str]) -> Result<Parsed
         }
     }
     for (index, raw) in messages.iter().enumerate() {
+        let start = parsed.messages.len();
+        if let Some(read) = memory.message(raw) {
+            parsed.messages.extend(read.messages.iter().cloned());
+            parsed.order.extend(read.order.iter().cloned());
+            for (compact, from, to) in &read.blocks {
+                parsed.blocks.insert(compact.clone(), &raw[*from..*to]);
+            }
+            parsed.cache_breakpoints += read.marks;
+            parsed.inputs.push(Input {
+                raw,
+                start,
+                end: parsed.messages.len(),
+                cache_breakpoints: read.marks,
+                fresh: None,
+            });
+            continue;
+        }
         let value: Value =
             serde_json::from_str(raw).map_err(|e| ShapeError(format!("messages[{index}]: {e}")))?;
-        let start = parsed.messages.len();
-        remember_blocks(raw, &value, &mut parsed.blocks);
+        let mut blocks = Vec::new();
+        remember_blocks(raw, &value, &mut blocks);
         let marks = parse_message(&value, &mut parsed)
             .map_err(|e| ShapeError(format!("messages[{index}]: {}", e.0)))?;
         parsed.cache_breakpoints += marks;
+        let mut fresh = Vec::with_capacity(blocks.len());
+        for (compact, block) in blocks {
+            // Where the block is in the message's text: it was read from it.
+            let from = block.as_ptr() as usize - raw.as_ptr() as usize;
+            fresh.push((compact.clone(), from, from + block.len()));
+            parsed.blocks.insert(compact, block);
+        }
         parsed.inputs.push(Input {
             raw,
             start,
             end: parsed.messages.len(),
             cache_breakpoints: marks,
+            fresh: Some(fresh),
         });
     }
     Ok(parsed)
 }
 
-/// Remembers the bytes of each block of a message's content array that did not come as
-/// its compact JSON.
-fn remember_blocks<'a>(raw: &'a str, value: &Value, blocks: &mut HashMap<String, &'a str>) {
+/// The bytes of each block of a message's content array that did not come as its compact
+/// JSON, with that JSON.
+fn remember_blocks<'a>(raw: &'a str, value: &Value, blocks: &mut Vec<(String, &'a str)>) {
     let Some(Value::Array(content)) = value.get("content") else {
         return;
     };
@@ -165,14 +259,14 @@ fn remember_blocks<'a>(raw: &'a str, value: &Value, blocks: &mut HashMap<String,
 }
 
 /// The same for an array of blocks given as its raw text and its value.
-fn remember_array<'a>(raw: &'a str, content: &[Value], blocks: &mut HashMap<String, &'a str>) {
+fn remember_array<'a>(raw: &'a str, content: &[Value], blocks: &mut Vec<(String, &'a str)>) {
     let Ok(raw_blocks) = serde_json::from_str::<Vec<&'a RawValue>>(raw) else {
         return;
     };
     for (block, raw_block) in content.iter().zip(raw_blocks) {
         let compact = block.to_string();
         if compact != raw_block.get() {
-            blocks.insert(compact, raw_block.get());
+            blocks.push((compact, raw_block.get()));
         }
     }
 }

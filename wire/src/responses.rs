@@ -11,28 +11,91 @@
 //!   `call_id` are its tool calls, the rest its content parts in order, so a reasoning item
 //!   is kept or dropped with the call it precedes;
 //! - `*_call_output` items with a `call_id` are `tool` messages answering that call.
+//!
+//! A client resends its whole input every call: a [`Memory`] (the proxy's, kept by the
+//! server) gives back each item read before from the same bytes, and each message made
+//! before from the same items, so a resent item is neither parsed nor made again
+//! (docs/proxy.md#stateless-by-default).
+
+use std::sync::Arc;
 
 use plugin_api::{Content, Member, Message, Part, RArc, ROption, RVec, Role, ToolCall};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+/// One `input` item read: its members, and what it is in the mapping. Made by [`parse`],
+/// kept by a [`Memory`].
+pub struct Item {
+    map: Map<String, Value>,
+    read: Read,
+    /// The length of the text it was read from.
+    len: usize,
+    /// Whether it is model-side (all but user / system / developer messages and call
+    /// outputs), and whether a `reasoning` item: what the write-back's reasoning rule
+    /// reads of it.
+    model_side: bool,
+    reasoning: bool,
+}
+
+enum Read {
+    /// A user / system / developer `message` item: a unit of its own, this message.
+    Message(Message),
+    /// A `*_call_output` item: a unit of its own, this `tool` message.
+    Output(Message),
+    /// An assistant `message` of a run: its content parts; whether its `content` was a
+    /// string.
+    Said { parts: Vec<Part>, string: bool },
+    /// A call of a run: the run's tool call; its item `type`.
+    Call(ToolCall, String),
+    /// Any other item of a run: one opaque content part.
+    Opaque(Part),
+}
+
+impl Item {
+    /// Bytes it holds, for a memory's bound: its members and its parts, each counted as
+    /// the text it came from.
+    pub fn weight(&self) -> usize {
+        2 * self.len + std::mem::size_of::<Item>()
+    }
+}
+
+/// What was read before: an item from exactly these bytes, a message from exactly these
+/// items (the same [`Item`]s, compared by address).
+pub trait Memory {
+    fn item(&self, raw: &str) -> Option<Arc<Item>>;
+    fn message(&self, items: &[Arc<Item>]) -> Option<RArc<Message>>;
+}
+
+/// No memory: every item parsed.
+pub struct Forgetful;
+
+impl Memory for Forgetful {
+    fn item(&self, _: &str) -> Option<Arc<Item>> {
+        None
+    }
+    fn message(&self, _: &[Arc<Item>]) -> Option<RArc<Message>> {
+        None
+    }
+}
+
 /// A request's history read into host messages, with what writing it back needs.
 pub struct Parsed<'a> {
+    /// One per unit, in order. Prepare them in place (turns, identities) before the run:
+    /// [`Parsed::write`] finds the output's messages among them by identity.
     pub messages: Vec<RArc<Message>>,
-    pub record: Record<'a>,
-}
-
-/// Where each host message came from: one unit per message, in order.
-pub struct Record<'a> {
     units: Vec<Unit<'a>>,
-    /// Each call's item `type` by its `call_id`, so a placeholder answer is written as
-    /// that call's output kind.
-    call_kinds: Vec<(String, String)>,
 }
 
+/// Where one host message came from.
 struct Unit<'a> {
-    message: RArc<Message>,
     source: Source<'a>,
+    /// The items' texts and items (none for `instructions` or a string `input`).
+    raws: Vec<&'a str>,
+    items: Vec<Arc<Item>>,
+    /// Whether its message was made here (not given by the memory).
+    made: bool,
+    /// Which of its items were parsed here.
+    parsed: Vec<bool>,
 }
 
 enum Source<'a> {
@@ -40,29 +103,8 @@ enum Source<'a> {
     Instructions(&'a str),
     /// A string `input`: its raw JSON text.
     InputString(&'a str),
-    /// A user / system / developer `message` item.
-    Message { raw: &'a str, item: Map<String, Value> },
-    /// A `*_call_output` item.
-    Output { raw: &'a str, item: Map<String, Value> },
-    /// A run of model-side items.
-    Run(Vec<Slot<'a>>),
-}
-
-/// One item of a model-side run.
-struct Slot<'a> {
-    raw: &'a str,
-    item: Map<String, Value>,
-    kind: SlotKind,
-}
-
-enum SlotKind {
-    /// An assistant `message`: `parts` content parts of the run's message; whether its
-    /// `content` was a string.
-    Message { parts: usize, string: bool },
-    /// Any other non-call item: one opaque content part.
-    Opaque,
-    /// A call: the run's tool call with this id.
-    Call(String),
+    /// One or more items.
+    Items,
 }
 
 /// The chain's output written back.
@@ -95,153 +137,195 @@ fn call_id(item: &Map<String, Value>) -> Option<&str> {
     item.get("call_id").and_then(Value::as_str)
 }
 
-fn is_call(item: &Map<String, Value>) -> bool {
-    kind_of(item).ends_with("_call") && call_id(item).is_some()
-}
-
-fn is_output(item: &Map<String, Value>) -> bool {
-    kind_of(item).ends_with("_call_output") && call_id(item).is_some()
-}
-
 /// The mark of the identities [`parse`] gives (the engine's fresh ones have the top bit,
 /// a session's are its positions, far below), so the write-back never takes another
 /// message's identity for one of its own.
 const ORIGIN_TAG: u64 = 1 << 62;
 
-/// Reads `instructions` (raw JSON text, if present) and `input` (raw JSON text).
+/// Reads `instructions` (raw JSON text, if present) and `input` (raw JSON text), every
+/// item parsed.
 pub fn parse<'a>(instructions: Option<&'a RawValue>, input: &'a RawValue) -> Result<Parsed<'a>, String> {
+    parse_with(instructions, Input::Raw(input), &Forgetful)
+}
+
+/// `input` as the caller has it: its raw JSON text, or an array's items already split.
+#[derive(Clone, Copy)]
+pub enum Input<'a, 'b> {
+    Raw(&'a RawValue),
+    Items(&'b [&'a RawValue]),
+}
+
+/// [`parse`], taking from `memory` what it read before; `input` given as the caller has it
+/// (a server that split the array while reading the body does not split it again).
+pub fn parse_with<'a>(
+    instructions: Option<&'a RawValue>,
+    input: Input<'a, '_>,
+    memory: &dyn Memory,
+) -> Result<Parsed<'a>, String> {
     let mut units = Vec::new();
+    let mut messages = Vec::new();
     if let Some(raw) = instructions {
         match serde_json::from_str::<Value>(raw.get()) {
             Ok(Value::String(text)) => {
-                let message = Message::new(Role::System, Content::Text(text.into()));
-                units.push(Unit {
-                    message: RArc::new(message),
-                    source: Source::Instructions(raw.get()),
-                });
+                messages.push(RArc::new(Message::new(Role::System, Content::Text(text.into()))));
+                units.push(Unit::of(Source::Instructions(raw.get())));
             }
             Ok(Value::Null) => {}
             _ => return Err("instructions: expected a string".into()),
         }
     }
-    let mut call_kinds = Vec::new();
     // Told apart by the first byte: the items are parsed once, one by one, not as a whole.
-    match input.get().trim_start().as_bytes().first() {
-        Some(b'"') => {
-            let text: String = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
-            let message = Message::new(Role::User, Content::Text(text.into()));
-            units.push(Unit {
-                message: RArc::new(message),
-                source: Source::InputString(input.get()),
-            });
+    let split;
+    let items = match input {
+        Input::Items(items) => Some(items),
+        Input::Raw(raw) if raw.get().trim_start().starts_with('[') => {
+            split =
+                serde_json::from_str::<Vec<&'a RawValue>>(raw.get()).map_err(|e| format!("input: {e}"))?;
+            Some(split.as_slice())
         }
-        Some(b'[') => {
-            let items: Vec<&'a RawValue> =
-                serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
-            read_items(&items, &mut units, &mut call_kinds)?;
+        Input::Raw(_) => None,
+    };
+    match (items, input) {
+        (Some(raws), _) => {
+            read_items(raws, memory, &mut units)?;
+            for unit in &mut units[messages.len()..] {
+                let found = memory.message(&unit.items);
+                unit.made = found.is_none();
+                let message = found.unwrap_or_else(|| RArc::new(unit.make()));
+                messages.push(message);
+            }
+        }
+        (None, Input::Raw(input)) if input.get().trim_start().starts_with('"') => {
+            let text: String = serde_json::from_str(input.get()).map_err(|e| format!("input: {e}"))?;
+            messages.push(RArc::new(Message::new(Role::User, Content::Text(text.into()))));
+            units.push(Unit::of(Source::InputString(input.get())));
         }
         _ => return Err("input: expected a string or an array of items".into()),
     }
-    let messages = units
-        .iter_mut()
-        .enumerate()
-        .map(|(index, unit)| {
-            // Positions as identities: the chain keeps them on what it passes on, so the
-            // write-back finds a message's item(s) without searching.
-            RArc::make_mut(&mut unit.message).set_origin(ORIGIN_TAG | (index as u64 + 1));
-            unit.message.clone()
-        })
-        .collect();
-    Ok(Parsed {
-        messages,
-        record: Record { units, call_kinds },
-    })
+    for (index, message) in messages.iter_mut().enumerate() {
+        // Positions as identities on what is made here: the chain keeps them on what it
+        // passes on, so the write-back finds a message's item(s) without searching.
+        if message.origin() == 0 {
+            RArc::make_mut(message).set_origin(ORIGIN_TAG | (index as u64 + 1));
+        }
+    }
+    Ok(Parsed { messages, units })
 }
 
-fn read_items<'a>(
-    items: &[&'a RawValue],
-    units: &mut Vec<Unit<'a>>,
-    call_kinds: &mut Vec<(String, String)>,
-) -> Result<(), String> {
-    let mut run: Vec<Slot<'a>> = Vec::new();
-    let mut run_message = Message::new(Role::Assistant, Content::Parts(RVec::new()));
-    for (index, raw) in items.iter().enumerate() {
-        let where_ = |what: String| format!("input[{index}]: {what}");
-        let item = match serde_json::from_str::<Value>(raw.get()) {
-            Ok(Value::Object(item)) => item,
-            Ok(_) => return Err(where_("expected an item object".into())),
-            Err(e) => return Err(where_(e.to_string())),
-        };
-        let kind = kind_of(&item).to_string();
-        let role = item.get("role").and_then(Value::as_str).map(str::to_string);
-        let own_unit = (kind == "message" && role.as_deref() != Some("assistant")) || is_output(&item);
-        if own_unit {
-            flush_run(&mut run, &mut run_message, units);
-            let (message, source) = if kind == "message" {
-                let message = read_message(&item, role.as_deref()).map_err(where_)?;
-                (message, Source::Message { raw: raw.get(), item })
-            } else {
-                (read_output(&item), Source::Output { raw: raw.get(), item })
-            };
-            units.push(Unit {
-                message: RArc::new(message),
-                source,
-            });
-            continue;
+impl<'a> Unit<'a> {
+    fn of(source: Source<'a>) -> Unit<'a> {
+        Unit {
+            source,
+            raws: Vec::new(),
+            items: Vec::new(),
+            made: true,
+            parsed: Vec::new(),
         }
-        let parts = match &mut run_message.content {
-            Content::Parts(parts) => parts,
-            _ => unreachable!("a run's content is parts"),
-        };
-        let slot_kind = if kind == "message" {
-            let (content, string) = match item.get("content") {
-                Some(Value::String(text)) => (vec![Part::text(text.as_str())], true),
-                Some(Value::Array(list)) => (list.iter().map(read_part).collect(), false),
-                _ => {
-                    return Err(where_(
-                        "an assistant message needs a string or array content".into(),
-                    ))
-                }
-            };
-            let count = content.len();
-            parts.extend(content);
-            SlotKind::Message { parts: count, string }
-        } else if is_call(&item) {
-            let call = read_call(&item);
-            call_kinds.push((call.id.to_string(), kind.clone()));
-            let id = call.id.to_string();
-            run_message.tool_calls.push(call);
-            SlotKind::Call(id)
-        } else {
-            parts.push(Part::Opaque {
-                json: Value::Object(item.clone()).to_string().into(),
-            });
-            SlotKind::Opaque
-        };
-        run.push(Slot {
-            raw: raw.get(),
-            item,
-            kind: slot_kind,
-        });
     }
-    flush_run(&mut run, &mut run_message, units);
+
+    /// The host message of this unit's items.
+    fn make(&self) -> Message {
+        if let [item] = self.items.as_slice() {
+            if let Read::Message(message) | Read::Output(message) = &item.read {
+                return message.clone();
+            }
+        }
+        let mut parts = RVec::new();
+        let mut tool_calls = RVec::new();
+        for item in &self.items {
+            match &item.read {
+                Read::Said { parts: said, .. } => parts.extend(said.iter().cloned()),
+                Read::Opaque(part) => parts.push(part.clone()),
+                Read::Call(call, _) => tool_calls.push(call.clone()),
+                Read::Message(_) | Read::Output(_) => unreachable!("a unit of its own"),
+            }
+        }
+        let mut message = Message::new(Role::Assistant, Content::Parts(parts));
+        message.tool_calls = tool_calls;
+        message
+    }
+}
+
+/// Every item read (or found in `memory`), grouped into units.
+fn read_items<'a>(
+    raws: &[&'a RawValue],
+    memory: &dyn Memory,
+    units: &mut Vec<Unit<'a>>,
+) -> Result<(), String> {
+    let mut run = Unit::of(Source::Items);
+    let flush = |run: &mut Unit<'a>, units: &mut Vec<Unit<'a>>| {
+        if !run.items.is_empty() {
+            units.push(std::mem::replace(run, Unit::of(Source::Items)));
+        }
+    };
+    for (index, raw) in raws.iter().enumerate() {
+        let raw = raw.get();
+        let (item, parsed) = match memory.item(raw) {
+            Some(item) => (item, false),
+            None => (
+                Arc::new(read_item(raw).map_err(|e| format!("input[{index}]: {e}"))?),
+                true,
+            ),
+        };
+        if let Read::Message(_) | Read::Output(_) = item.read {
+            flush(&mut run, units);
+            let mut own = Unit::of(Source::Items);
+            own.raws.push(raw);
+            own.items.push(item);
+            own.parsed.push(parsed);
+            units.push(own);
+        } else {
+            run.raws.push(raw);
+            run.items.push(item);
+            run.parsed.push(parsed);
+        }
+    }
+    flush(&mut run, units);
     Ok(())
 }
 
-fn flush_run<'a>(run: &mut Vec<Slot<'a>>, message: &mut Message, units: &mut Vec<Unit<'a>>) {
-    if run.is_empty() {
-        return;
-    }
-    let message = std::mem::replace(
-        message,
-        Message::new(Role::Assistant, Content::Parts(RVec::new())),
-    );
-    units.push(Unit {
-        message: RArc::new(message),
-        source: Source::Run(std::mem::take(run)),
-    });
+/// One item parsed and read.
+fn read_item(raw: &str) -> Result<Item, String> {
+    let map = match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return Err("expected an item object".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let kind = kind_of(&map);
+    let role = map.get("role").and_then(Value::as_str);
+    let read = if kind == "message" && role != Some("assistant") {
+        Read::Message(read_message(&map, role)?)
+    } else if kind.ends_with("_call_output") && call_id(&map).is_some() {
+        Read::Output(read_output(&map))
+    } else if kind == "message" {
+        match map.get("content") {
+            Some(Value::String(text)) => Read::Said {
+                parts: vec![Part::text(text.as_str())],
+                string: true,
+            },
+            Some(Value::Array(list)) => Read::Said {
+                parts: list.iter().map(read_part).collect(),
+                string: false,
+            },
+            _ => return Err("an assistant message needs a string or array content".into()),
+        }
+    } else if kind.ends_with("_call") && call_id(&map).is_some() {
+        Read::Call(read_call(&map), kind.to_string())
+    } else {
+        Read::Opaque(Part::Opaque {
+            json: serde_json::to_string(&map).unwrap_or_default().into(),
+        })
+    };
+    let model_side = !matches!(read, Read::Message(_) | Read::Output(_)) && !kind.ends_with("_call_output");
+    let reasoning = kind == "reasoning";
+    Ok(Item {
+        map,
+        read,
+        len: raw.len(),
+        model_side,
+        reasoning,
+    })
 }
-
 /// A content part: `input_text` / `output_text` as text (its other members kept), any
 /// other part (images, files, refusals, …) opaque.
 fn read_part(part: &Value) -> Part {
@@ -350,9 +434,31 @@ mod write;
 #[cfg(test)]
 mod tests;
 
-impl Record<'_> {
-    /// Writes `history` (the chain's output on [`parse`]'s messages) back.
+impl<'a> Parsed<'a> {
+    /// Writes `history` (the chain's output on [`Parsed::messages`]) back.
     pub fn write(&self, history: &[RArc<Message>]) -> Written {
         write::write(self, history)
+    }
+
+    /// The items parsed here, for a memory to keep: each one's text and item.
+    pub fn parsed_items(&self) -> impl Iterator<Item = (&'a str, &Arc<Item>)> + '_ {
+        self.units.iter().flat_map(|unit| {
+            unit.raws
+                .iter()
+                .zip(&unit.items)
+                .zip(&unit.parsed)
+                .filter(|(_, parsed)| **parsed)
+                .map(|((raw, item), _)| (*raw, item))
+        })
+    }
+
+    /// The messages made here of items, for a memory to keep: each one's items and its
+    /// message as it is in [`Parsed::messages`] now (keep them once prepared).
+    pub fn made_messages(&self) -> impl Iterator<Item = (&[Arc<Item>], &RArc<Message>)> + '_ {
+        self.units
+            .iter()
+            .zip(&self.messages)
+            .filter(|(unit, _)| unit.made && !unit.items.is_empty())
+            .map(|(unit, message)| (unit.items.as_slice(), message))
     }
 }

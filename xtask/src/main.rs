@@ -111,11 +111,12 @@ usage: cargo xtask <task>
                               (docs/chain.md#hot-reload);
                               --store postgres://… also one SQLite host in the same run,
                               the ratio, and round trips per turn (docs/scaling-out.md)
-  bench proxy [--json] [--requests N] [--clients C] [--wire chat|responses]
+  bench proxy [--json] [--requests N] [--clients C] [--wire chat|responses|anthropic|all]
                               the same build, then serve --upstream in front of a
                               stand-in upstream: added latency, requests/s, first byte,
                               token cache, beside direct calls (docs/proxy.md#performance);
-                              --wire responses: /v1/responses too, beside the chat wire
+                              --wire responses / anthropic / all: /v1/responses,
+                              /v1/messages or both too, beside the chat wire
   fuzz [--time S] [--target NAME] [--seed N]
                               run the fuzz targets (fuzz/) on their corpus, then on
                               mutations of it for S seconds in all (default 60)

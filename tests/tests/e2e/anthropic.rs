@@ -7,30 +7,14 @@ use std::collections::BTreeMap;
 
 use e2e_tests::anthropic_shape::{compact_arguments, to_anthropic, to_chat};
 use e2e_tests::anthropic_upstream::AnthropicUpstream;
-use e2e_tests::server::{shipped_config, Server};
-use e2e_tests::{real_data_dir, TestConfig};
+use e2e_tests::real_data_dir;
+use e2e_tests::server::{shipped_config, small_window, start_proxy, Server};
 use serde_json::value::RawValue;
 use serde_json::{json as j, Value};
 
 /// Runs tests/py/anthropic_client.py with `spec`; its JSON answer.
 fn anthropic_client(spec: &Value) -> Value {
     e2e_tests::python_client("anthropic_client.py", spec)
-}
-
-fn start(config: &TestConfig, upstream: &str) -> Server {
-    let store = config.dir.path().join("sessions.db");
-    Server::try_start(
-        &config.path,
-        &store,
-        &[],
-        &["--listen", "127.0.0.1:0", "--upstream", upstream],
-    )
-    .unwrap_or_else(|e| panic!("serve did not start: {e}"))
-}
-
-/// The shipped chain on a small window, so a long conversation gets trimmed.
-fn small_window() -> TestConfig {
-    shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")])
 }
 
 const KEY: &str = "sk-ant-test-secret-9c1e";
@@ -143,8 +127,8 @@ fn the_one_valid_request(upstream: &AnthropicUpstream, path: &str) -> String {
 fn the_anthropic_sdk_gets_the_answer_and_the_upstream_a_trimmed_valid_history_with_unchanged_messages_byte_identical(
 ) {
     let upstream = AnthropicUpstream::start();
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let (system, messages) = agent_conversation();
     let extra = extra(&system);
     let answer = anthropic_client(&j!({
@@ -197,8 +181,8 @@ fn the_anthropic_sdk_gets_the_answer_and_the_upstream_a_trimmed_valid_history_wi
 #[test]
 fn a_streamed_answer_comes_back_as_anthropics_events_and_count_tokens_passes_through() {
     let upstream = AnthropicUpstream::start();
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let (system, messages) = agent_conversation();
     let answer = anthropic_client(&j!({
         "base_url": server.url(""), "api_key": KEY, "model": "claude-sonnet-4-5",
@@ -226,7 +210,7 @@ fn a_streamed_answer_comes_back_as_anthropics_events_and_count_tokens_passes_thr
     assert!(unchanged_are_byte_identical(answer["sent"].as_str().unwrap(), &body) >= 4);
 
     let upstream = AnthropicUpstream::start();
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer = anthropic_client(&j!({
         "base_url": server.url(""), "api_key": KEY, "model": "claude-sonnet-4-5",
         "messages": messages, "extra": {"system": system}, "count_tokens": true,
@@ -283,8 +267,8 @@ fn a_real_conversation_in_anthropics_shape_round_trips_and_extends_a_session_thr
     assert_eq!((again_system, again), (system.clone(), messages.clone()));
 
     let upstream = AnthropicUpstream::start();
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let id = server.create("gpt-4o");
     // Two turns of the session, each resending the conversation so far (ending on a user
     // message), as Anthropic's clients do.
@@ -328,8 +312,8 @@ fn errors_are_in_anthropics_shape() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let down = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let config = small_window();
-    let server = start(&config, &down);
+    let config = small_window("");
+    let server = start_proxy(&config, &down);
     let good = j!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
     let (status, body, _) = post_messages(&server, &good, &[]);
     assert_eq!(status, 502, "{body}");
@@ -427,8 +411,8 @@ fn every_shipped_plugins_output_written_back_is_anthropic_valid() {
 #[test]
 fn an_indented_request_keeps_the_bytes_of_its_unchanged_messages() {
     let upstream = AnthropicUpstream::start();
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let (system, messages) = agent_conversation();
     let mut body = extra(&system);
     body["model"] = j!("claude-sonnet-4-5");

@@ -9,7 +9,8 @@ use plugin_api::parts::samples::{image_url_part, png};
 use plugin_api::Tokenizer;
 use serde_json::{json as j, Value};
 
-use super::proxy::{openai_client, start};
+use super::proxy::openai_client;
+use e2e_tests::server::start_proxy;
 
 const STEPS: usize = 30;
 /// 1280×800 on `openai-tiles`: 1229×768 after the shortest side goes to 768, 3 × 2 tiles:
@@ -91,7 +92,7 @@ fn screenshots_count_by_the_tile_rule_and_evict_no_text_through_the_proxy() {
          [plugin.token_budget]\nmax_tokens = {budget}\n"
     ));
     let upstream = Upstream::start(Behaviour::default());
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer = openai_client(&j!({
         "base_url": server.url("/v1"),
         "model": "gpt-4o",
@@ -150,7 +151,7 @@ fn a_25k_token_result_on_an_8k_model_is_cut_to_fit_or_refused_before_the_upstrea
 
     // With max_result_tokens: cut to its head and tail, the rest of the turn fits.
     let config = small_model("max_result_tokens = 4000", "");
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer =
         openai_client(&j!({"base_url": server.url("/v1"), "model": "small-8k", "messages": messages}));
     let tokens = answer["headers"]["x-history-tokens"]
@@ -190,7 +191,7 @@ fn a_25k_token_result_on_an_8k_model_is_cut_to_fit_or_refused_before_the_upstrea
     // Without a cut: a 400 in OpenAI's shape, and nothing sent upstream.
     let before = upstream.requests().len();
     let config = small_model("", "");
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer =
         openai_client(&j!({"base_url": server.url("/v1"), "model": "small-8k", "messages": messages}));
     assert_eq!(answer["status"], 400, "{answer}");
@@ -210,7 +211,7 @@ fn a_25k_token_result_on_an_8k_model_is_cut_to_fit_or_refused_before_the_upstrea
             upstream.base_url()
         ),
     );
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer =
         openai_client(&j!({"base_url": server.url("/v1"), "model": "small-8k", "messages": messages}));
     assert!(answer["content"].is_string(), "{answer}");
@@ -227,7 +228,7 @@ fn only_the_newest_screenshots_reach_the_upstream_with_media_filter() {
          [plugin.media_filter]\nkeep_images = 3\nmin_removal_threshold = 1\n",
     );
     let upstream = Upstream::start(Behaviour::default());
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer = openai_client(&j!({"base_url": server.url("/v1"), "model": "gpt-4o", "messages": messages}));
     let n = messages.len();
     assert_eq!(
@@ -293,7 +294,7 @@ fn reasoning_in_both_shapes_is_counted_older_turns_cleared_and_the_open_loop_kep
          [plugin.media_filter]\nkeep_thinking_turns = 0\n",
     );
     let upstream = Upstream::start(Behaviour::default());
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let answer =
         openai_client(&j!({"base_url": server.url("/v1"), "model": "claude-sonnet-4", "messages": messages}));
     let tokens = answer["headers"]["x-history-tokens"]

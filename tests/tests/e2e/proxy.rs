@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
-use e2e_tests::server::{agent, shipped_config, Answer, Server};
+use e2e_tests::server::{agent, shipped_config, small_window, start_proxy, Answer, Server};
 use e2e_tests::upstream::{Behaviour, TlsIdentity, Upstream};
 use e2e_tests::{json, real_data_dir, TestConfig};
 use history_engine::{load_chain, stateless_context, turns, Call};
@@ -16,17 +16,6 @@ use serde_json::{json as j, Value};
 /// Runs tests/py/openai_client.py with `spec`; its JSON answer.
 pub(crate) fn openai_client(spec: &Value) -> Value {
     e2e_tests::python_client("openai_client.py", spec)
-}
-
-pub(crate) fn start(config: &TestConfig, upstream: &str) -> Server {
-    let store = config.dir.path().join("sessions.db");
-    Server::try_start(
-        &config.path,
-        &store,
-        &[],
-        &["--listen", "127.0.0.1:0", "--upstream", upstream],
-    )
-    .unwrap_or_else(|e| panic!("serve did not start: {e}"))
 }
 
 /// A raw POST of `body` (any bytes) to the proxy, with `headers`.
@@ -83,16 +72,11 @@ fn real_conversation() -> Vec<Value> {
     json(&text).as_array().unwrap().clone()
 }
 
-/// The shipped chain on a small window, so the real conversation gets trimmed.
-fn small_window() -> TestConfig {
-    shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")])
-}
-
 #[test]
 fn the_openai_client_gets_the_upstreams_answer_and_the_upstream_the_sent_history_and_every_other_member() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let messages = real_conversation();
     let extra = j!({
         "tools": [{"type": "function", "function": {
@@ -208,8 +192,8 @@ fn a_streamed_answer_reaches_the_client_chunk_by_chunk_as_the_upstream_sends_it(
         ..Behaviour::default()
     };
     let upstream = Upstream::start(behaviour);
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let answer = openai_client(&j!({
         "base_url": server.url("/v1"),
         "model": "gpt-4o",
@@ -263,7 +247,7 @@ fn failures_are_openai_errors_502_504_400_422_and_never_a_hang() {
         .port();
     // --upstream overrides [upstream] url; timeout_s still applies.
     let config = TestConfig::new("[upstream]\nurl = \"http://127.0.0.1:9/v1\"\ntimeout_s = 1\n");
-    let server = start(&config, &format!("http://127.0.0.1:{port}/v1"));
+    let server = start_proxy(&config, &format!("http://127.0.0.1:{port}/v1"));
     let request = j!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]});
     let (answer, _) = post(&server, &request, &[]);
     assert_eq!(answer.status, 502, "{answer:?}");
@@ -295,7 +279,7 @@ fn failures_are_openai_errors_502_504_400_422_and_never_a_hang() {
         slow: Duration::from_secs(8),
         ..Behaviour::default()
     });
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     // Warm up (a debug build's first count loads the tokenizer), then time a slow one.
     assert_eq!(post(&server, &request, &[]).0.status, 200);
     let started = Instant::now();
@@ -320,7 +304,7 @@ fn failures_are_openai_errors_502_504_400_422_and_never_a_hang() {
         dir.path().display().to_string()
     ));
     let before = upstream.requests().len();
-    let server = start(&failing, &upstream.base_url());
+    let server = start_proxy(&failing, &upstream.base_url());
     let (answer, _) = post(&server, &request, &[]);
     assert_eq!(answer.status, 422, "{answer:?}");
     assert_eq!(openai_error(&answer), "plugin_failed");
@@ -335,8 +319,8 @@ fn failures_are_openai_errors_502_504_400_422_and_never_a_hang() {
 #[test]
 fn a_stateless_request_naming_an_unknown_model_gets_the_default_and_says_so() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let request = j!({"model": "gtp-4o", "messages": real_conversation()});
     let (answer, headers) = post(&server, &request, &[]);
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -377,8 +361,8 @@ fn a_stateless_request_naming_an_unknown_model_gets_the_default_and_says_so() {
 #[test]
 fn a_resent_conversation_is_not_tokenized_again() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let request = j!({"model": "gpt-4o", "messages": real_conversation()});
     let (first, headers) = post(&server, &request, &[]);
     assert_eq!(first.status, 200, "{first:?}");
@@ -420,7 +404,7 @@ fn prefix_kept(a: &[Value], b: &[Value]) -> usize {
 /// answer per call): the sent messages the upstream received, per call.
 fn growing_calls(config: &TestConfig) -> Vec<Vec<Value>> {
     let upstream = Upstream::start(Behaviour::default());
-    let server = start(config, &upstream.base_url());
+    let server = start_proxy(config, &upstream.base_url());
     let mut messages = vec![
         j!({"role": "system", "content": "You are a careful assistant."}),
         j!({"role": "user", "content": "The task: keep notes on the questions that follow."}),
@@ -486,7 +470,7 @@ fn ingest_redacts_what_goes_upstream_and_what_a_session_stores() {
         "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"tool_result_filter\"]\ningest = [\"redactor\"]\n[models.gpt-4o]\n",
         dir.path().display().to_string()
     ));
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let mut conversation = real_conversation();
     conversation[1]["content"] = j!("my card is SECRET, book the flight");
     let (answer, _) = post(
@@ -526,8 +510,8 @@ fn ingest_redacts_what_goes_upstream_and_what_a_session_stores() {
 #[test]
 fn with_a_session_header_a_request_is_a_turn_and_the_transcript_holds_each_message_once() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let id = server.create("gpt-4o");
     let conversation = real_conversation();
     // Three requests, each resending the whole conversation so far, as OpenAI clients do.
@@ -631,7 +615,7 @@ fn an_https_upstream_is_reached_through_a_private_ca_and_an_untrusted_one_is_a_5
         )],
     );
     std::fs::write(config.dir.path().join("ca.pem"), &ca_pem).unwrap();
-    let server = start(&config, &upstream.base_url());
+    let server = start_proxy(&config, &upstream.base_url());
     let (answer, headers) = post(&server, &j!({"model": "gpt-4o", "messages": messages}), &[]);
     assert_eq!(answer.status, 200, "{answer:?}\n{}", server.stderr());
     assert_eq!(
@@ -661,8 +645,8 @@ fn an_https_upstream_is_reached_through_a_private_ca_and_an_untrusted_one_is_a_5
     drop(server);
 
     // Not trusted: no `ca_file`, and the test's CA is in no root store.
-    let untrusted = small_window();
-    let server = start(&untrusted, &upstream.base_url());
+    let untrusted = small_window("");
+    let server = start_proxy(&untrusted, &upstream.base_url());
     let (answer, _) = post(&server, &j!({"model": "gpt-4o", "messages": messages}), &[]);
     assert_eq!(answer.status, 502, "{answer:?}");
     assert_eq!(openai_error(&answer), "upstream_tls");

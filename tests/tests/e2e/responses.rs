@@ -4,31 +4,15 @@
 //! `openai` Python client's `client.responses.create` and by a plain HTTP client.
 
 use e2e_tests::responses_upstream::refusal;
-use e2e_tests::server::{agent, shipped_config, Server};
+use e2e_tests::server::{agent, small_window, start_proxy, Server};
 use e2e_tests::upstream::{Behaviour, Upstream};
-use e2e_tests::{json, real_data_dir, TestConfig};
+use e2e_tests::{json, real_data_dir};
 use serde_json::value::RawValue;
 use serde_json::{json as j, Value};
 
 /// Runs tests/py/openai_responses.py with `spec`; its JSON answer.
 fn responses_client(spec: &Value) -> Value {
     e2e_tests::python_client("openai_responses.py", spec)
-}
-
-fn start(config: &TestConfig, upstream: &str) -> Server {
-    let store = config.dir.path().join("sessions.db");
-    Server::try_start(
-        &config.path,
-        &store,
-        &[],
-        &["--listen", "127.0.0.1:0", "--upstream", upstream],
-    )
-    .unwrap_or_else(|e| panic!("serve did not start: {e}"))
-}
-
-/// The shipped chain on a small window, so the conversation gets trimmed.
-fn small_window() -> TestConfig {
-    shipped_config("", &[("agent_max_ctx", "agent_max_ctx = 12")])
 }
 
 /// A 1×1 PNG.
@@ -129,8 +113,8 @@ fn all_valid(upstream: &Upstream) {
 #[test]
 fn the_openai_client_gets_the_answer_and_the_upstream_a_trimmed_valid_input_with_every_other_member() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let (instructions, items) = agent_conversation();
     let mut extra = extra();
     extra["instructions"] = j!(instructions);
@@ -214,8 +198,8 @@ fn got<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 #[test]
 fn unchanged_items_go_upstream_byte_for_byte_and_previous_response_id_passes_through() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let (instructions, items) = agent_conversation();
     let body = raw_body(&instructions, &items);
     let (status, headers, answer) = post_raw(&server, &body, &[]);
@@ -294,8 +278,8 @@ fn a_streamed_answer_comes_as_responses_events() {
         gap: std::time::Duration::from_millis(100),
         ..Behaviour::default()
     });
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let (instructions, items) = agent_conversation();
     let answer = responses_client(&j!({
         "base_url": server.url("/v1"), "model": "gpt-4o", "input": items, "stream": true,
@@ -332,8 +316,8 @@ fn a_streamed_answer_comes_as_responses_events() {
 #[test]
 fn with_a_session_header_each_request_extends_the_sessions_transcript() {
     let upstream = Upstream::start(Behaviour::default());
-    let config = small_window();
-    let server = start(&config, &upstream.base_url());
+    let config = small_window("");
+    let server = start_proxy(&config, &upstream.base_url());
     let id = server.create("gpt-4o");
     let (instructions, items) = agent_conversation();
     // Each request resends the whole conversation so far, ending before a user message.

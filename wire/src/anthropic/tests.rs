@@ -169,3 +169,65 @@ fn a_changed_message_keeps_its_unchanged_blocks_as_their_bytes() {
         )
     );
 }
+
+/// A memory as the proxy keeps one (server/src/resent.rs), unbounded.
+#[derive(Default)]
+struct Remembering(std::cell::RefCell<Vec<(String, std::sync::Arc<super::Read>)>>);
+
+impl super::Memory for Remembering {
+    fn message(&self, raw: &str) -> Option<std::sync::Arc<super::Read>> {
+        self.0
+            .borrow()
+            .iter()
+            .find(|(seen, _)| seen == raw)
+            .map(|(_, read)| read.clone())
+    }
+}
+
+#[test]
+fn a_resent_message_is_the_same_read_and_a_changed_one_keeps_its_blocks_bytes() {
+    let memory = Remembering::default();
+    let messages = vec![
+        r#"{"role":"user","content":"go"}"#,
+        r#"{"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "text", "text": "old"}, {"type": "tool_use", "id": "a", "name": "f", "input": {"x": 1}}]}"#,
+        r#"{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "r"}]}"#,
+    ];
+    let first = super::parse_with(None, &messages, &memory).unwrap();
+    for (raw, read) in first.reads() {
+        memory
+            .0
+            .borrow_mut()
+            .push((raw.to_string(), std::sync::Arc::new(read)));
+    }
+    assert_eq!(memory.0.borrow().len(), 3);
+    // Resent, with one more message: the first three are the same host messages.
+    let mut more = messages.clone();
+    more.push(r#"{"role":"assistant","content":"done"}"#);
+    let mut again = super::parse_with(None, &more, &memory).unwrap();
+    assert_eq!(again.reads().count(), 1);
+    for (a, b) in first.messages.iter().zip(&again.messages) {
+        assert!(std::ptr::eq::<Message>(&**a, &**b));
+    }
+    assert_eq!(again.cache_breakpoints, 0);
+    assert_eq!(
+        write(&again, &again.messages).messages,
+        format!("[{}]", more.join(","))
+    );
+    // A remembered message changed by the chain keeps its other blocks as their bytes.
+    for (i, message) in again.messages.iter_mut().enumerate() {
+        RArc::make_mut(message).set_origin(i as u64 + 1);
+    }
+    again.note_origins();
+    let mut output = again.messages.clone();
+    let mut changed: Message = (*output[1]).clone();
+    if let Content::Parts(parts) = &mut changed.content {
+        parts[1] = plugin_api::Part::text("new");
+    }
+    output[1] = RArc::new(changed);
+    let written = write(&again, &output);
+    assert!(
+        written.messages.contains(r#"[{"type": "thinking", "thinking": "t", "signature": "s"},{"type":"text","text":"new"},{"type": "tool_use", "id": "a", "name": "f", "input": {"x": 1}}]"#),
+        "{}",
+        written.messages
+    );
+}

@@ -67,7 +67,12 @@ fn matching_input(parsed: &Parsed<'_>, rest: &[RArc<Message>], cursor: usize) ->
     let covers = |i: usize| {
         let input = &parsed.inputs[i];
         let span = &parsed.messages[input.start..input.end];
-        !span.is_empty() && span.len() <= rest.len() && span.iter().zip(rest).all(|(a, b)| same_wire(a, b))
+        !span.is_empty()
+            && span.len() <= rest.len()
+            && span
+                .iter()
+                .zip(rest)
+                .all(|(a, b)| std::ptr::eq::<Message>(&**a, &**b) || same_wire(a, b))
     };
     let first = &rest[0];
     // By identity first (a stateless run keeps the host's identities), else by content.

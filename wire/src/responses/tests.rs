@@ -39,7 +39,7 @@ fn an_unchanged_input_is_written_back_byte_for_byte() {
     assert_eq!(run.tool_calls.len(), 1);
     assert_eq!(run.tool_calls[0].id.as_str(), "call_1");
     assert_eq!(parsed.messages[3].call_id(), Some("call_1"));
-    let written = parsed.record.write(&parsed.messages);
+    let written = parsed.write(&parsed.messages);
     assert_eq!(written.instructions.as_deref(), Some(r#""You are Codex.""#));
     // Items as they came, joined by commas (the whitespace between items is not theirs).
     let items: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
@@ -54,7 +54,7 @@ fn an_unchanged_input_is_written_back_byte_for_byte() {
 fn a_string_input_comes_back_as_that_string() {
     let parsed = parse(None, raw(r#""hello \u00e9""#)).unwrap();
     assert_eq!(parsed.messages.len(), 1);
-    let written = parsed.record.write(&parsed.messages);
+    let written = parsed.write(&parsed.messages);
     assert_eq!(written.instructions, None);
     assert_eq!(written.input, r#""hello \u00e9""#);
 }
@@ -106,7 +106,7 @@ fn a_trimmed_output_keeps_reasoning_adjacent_and_calls_paired() {
     let m = &parsed.messages;
     // Drop the first call with its output (the unit a plugin keeps or drops together).
     let trimmed: Vec<RArc<Message>> = [0, 3, 4, 5, 6, 7, 8].iter().map(|&i| m[i].clone()).collect();
-    let written = parsed.record.write(&trimmed);
+    let written = parsed.write(&trimmed);
     let out = items(&written.input);
     valid(&out).unwrap();
     assert!(
@@ -126,7 +126,7 @@ fn a_trimmed_output_keeps_reasoning_adjacent_and_calls_paired() {
     run.content = Content::Text("[omitted]".into());
     let placeholder = Message::placeholder_result(&m[3], "call_2", "[output omitted]");
     let changed = vec![m[0].clone(), RArc::new(run), RArc::new(placeholder)];
-    let written = parsed.record.write(&changed);
+    let written = parsed.write(&changed);
     let out = items(&written.input);
     valid(&out).unwrap();
     assert_eq!(out[1]["role"], "assistant");
@@ -151,9 +151,7 @@ fn a_changed_message_keeps_its_other_members_and_a_lone_reasoning_item_is_droppe
     // A run whose only call the chain removed: its reasoning must not stay alone.
     let mut run = (*m[1]).clone();
     run.tool_calls = Default::default();
-    let written = parsed
-        .record
-        .write(&[RArc::new(run), RArc::new(output), RArc::new(user)]);
+    let written = parsed.write(&[RArc::new(run), RArc::new(output), RArc::new(user)]);
     let out = items(&written.input);
     assert_eq!(out.len(), 2, "{}", written.input);
     assert_eq!(out[0]["type"], "function_call_output");
@@ -205,7 +203,7 @@ fn a_message_kept_in_the_chat_format_reads_back_as_the_same_message() {
             RArc::new(read)
         })
         .collect();
-    let written = parsed.record.write(&back);
+    let written = parsed.write(&back);
     let items: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
     let expected = format!(
         "[{}]",
@@ -232,7 +230,7 @@ fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
     call.tool_calls[0].arguments = r#"{"q":"y"}"#.into();
     let mut output = (*m[4]).clone();
     output.content = Content::Text("[cut]".into());
-    let written = parsed.record.write(&[
+    let written = parsed.write(&[
         m[0].clone(),
         m[1].clone(),
         m[2].clone(),
@@ -259,8 +257,98 @@ fn a_changed_call_or_output_keeps_its_kind_and_other_members() {
         }]
         .into(),
     );
-    let written = parsed
-        .record
-        .write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
+    let written = parsed.write(&[m[0].clone(), m[1].clone(), RArc::new(screenshot)]);
     assert_eq!(items(&written.input)[2]["output"]["file_id"], "f");
+}
+
+/// A message and the items it was made of.
+type MadeOf = (Vec<std::sync::Arc<super::Item>>, RArc<Message>);
+
+/// A memory as the proxy keeps one (server/src/resent.rs), unbounded.
+#[derive(Default)]
+struct Remembering {
+    items: std::cell::RefCell<Vec<(String, std::sync::Arc<super::Item>)>>,
+    messages: std::cell::RefCell<Vec<MadeOf>>,
+}
+
+impl super::Memory for Remembering {
+    fn item(&self, raw: &str) -> Option<std::sync::Arc<super::Item>> {
+        self.items
+            .borrow()
+            .iter()
+            .find(|(seen, _)| seen == raw)
+            .map(|(_, item)| item.clone())
+    }
+    fn message(&self, items: &[std::sync::Arc<super::Item>]) -> Option<RArc<Message>> {
+        self.messages
+            .borrow()
+            .iter()
+            .find(|(seen, _)| {
+                seen.len() == items.len() && seen.iter().zip(items).all(|(a, b)| std::sync::Arc::ptr_eq(a, b))
+            })
+            .map(|(_, message)| message.clone())
+    }
+}
+
+impl Remembering {
+    fn keep(&self, parsed: &super::Parsed<'_>) {
+        for (raw, item) in parsed.parsed_items() {
+            self.items.borrow_mut().push((raw.to_string(), item.clone()));
+        }
+        for (items, message) in parsed.made_messages() {
+            self.messages.borrow_mut().push((items.to_vec(), message.clone()));
+        }
+    }
+}
+
+#[test]
+fn a_resent_item_is_the_same_item_and_message_and_writes_back_wherever_it_now_is() {
+    let memory = Remembering::default();
+    let first = super::parse_with(None, super::Input::Raw(raw(INPUT)), &memory).unwrap();
+    memory.keep(&first);
+    assert_eq!(first.parsed_items().count(), 12);
+    // The same input again: nothing parsed or made, the same messages.
+    // Given as the server has it: the items already split.
+    let split: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
+    let again = super::parse_with(None, super::Input::Items(&split), &memory).unwrap();
+    assert_eq!(again.parsed_items().count(), 0);
+    assert_eq!(again.made_messages().count(), 0);
+    for (a, b) in first.messages.iter().zip(&again.messages) {
+        assert!(std::ptr::eq::<Message>(&**a, &**b));
+    }
+    // The client dropped its first two items and added one: the remembered messages sit
+    // at other positions now, and still write back as their bytes, a changed one rewritten.
+    let source: Vec<&RawValue> = serde_json::from_str(INPUT).unwrap();
+    let mut shifted: Vec<&str> = source[2..].iter().map(|i| i.get()).collect();
+    shifted.push(r#"{"type":"message","role":"user","content":"more"}"#);
+    let shifted = format!("[{}]", shifted.join(","));
+    let parsed = super::parse_with(None, super::Input::Raw(raw(&shifted)), &memory).unwrap();
+    assert_eq!(parsed.parsed_items().count(), 1);
+    let m = &parsed.messages;
+    let expected = format!(
+        "[{}]",
+        source[4..].iter().map(|i| i.get()).collect::<Vec<_>>().join(",")
+    );
+    // The first call (now a lone call item at the front) dropped, its output too.
+    let mut kept: Vec<RArc<Message>> = m[2..].to_vec();
+    let written = parsed.write(&kept);
+    assert!(
+        written.input.starts_with(&expected[..expected.len() - 1]),
+        "{}",
+        written.input
+    );
+    assert!(written
+        .input
+        .ends_with(r#"{"type":"message","role":"user","content":"more"}]"#));
+    // A changed remembered message is found by its identity and rewritten in place.
+    let at = kept.iter().position(|m| m.role == Role::Developer).unwrap();
+    let mut developer = (*kept[at]).clone();
+    developer.content = Content::Text("be very brief".into());
+    kept[at] = RArc::new(developer);
+    let out = items(&parsed.write(&kept).input);
+    valid(&out).unwrap();
+    assert!(out
+        .iter()
+        .any(|i| i["role"] == "developer" && i["content"] == "be very brief"));
+    assert!(!out.iter().any(|i| i["content"] == "be brief"));
 }

@@ -3,11 +3,12 @@
 //! item(s) with the changed members rewritten; a message the chain made is a new item.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use plugin_api::{Content, Message, Part, RArc, Role, ToolCall};
 use serde_json::{Map, Value};
 
-use super::{kind_of, same, Record, Slot, SlotKind, Source, Unit, Written, ORIGIN_TAG};
+use super::{kind_of, same, Parsed, Read, Source, Unit, Written, ORIGIN_TAG};
 
 /// One written item and what the reasoning rule needs to know of it.
 struct Item<'a> {
@@ -31,8 +32,13 @@ impl<'a> Item<'a> {
         }
     }
 
-    fn raw(slot_raw: &'a str, item: &Map<String, Value>) -> Item<'a> {
-        Item::new(Cow::Borrowed(slot_raw), item)
+    /// An item as it came: its flags read once, with the item.
+    fn raw(raw: &'a str, item: &super::Item) -> Item<'a> {
+        Item {
+            json: Cow::Borrowed(raw),
+            model_side: item.model_side,
+            reasoning: item.reasoning,
+        }
     }
 
     fn made(item: Map<String, Value>) -> Item<'a> {
@@ -49,27 +55,47 @@ impl<'a> Item<'a> {
     }
 }
 
-pub(super) fn write(record: &Record<'_>, history: &[RArc<Message>]) -> Written {
-    let mut found: Vec<(Option<&Unit<'_>>, bool)> = Vec::with_capacity(history.len());
+pub(super) fn write(parsed: &Parsed<'_>, history: &[RArc<Message>]) -> Written {
+    let inputs = &parsed.messages;
+    // Identities to positions: a position's own tag first, then every identity once.
+    let mut by_identity: Option<HashMap<u64, usize>> = None;
+    let mut position_of = |origin: u64| -> Option<usize> {
+        if origin == 0 {
+            return None;
+        }
+        let tagged = (origin >> 62 == 1)
+            .then_some((origin ^ ORIGIN_TAG) as usize)
+            .and_then(|position| position.checked_sub(1));
+        if let Some(index) = tagged.filter(|&i| inputs.get(i).is_some_and(|m| m.origin() == origin)) {
+            return Some(index);
+        }
+        by_identity
+            .get_or_insert_with(|| {
+                inputs
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .map(|(index, message)| (message.origin(), index))
+                    .collect()
+            })
+            .get(&origin)
+            .copied()
+    };
+    let mut found: Vec<(Option<usize>, bool)> = Vec::with_capacity(history.len());
     let mut cursor = 0;
     for message in history {
-        let origin = message.origin();
-        let by_origin = (origin >> 62 == 1)
-            .then_some((origin ^ ORIGIN_TAG) as usize)
-            .and_then(|position| position.checked_sub(1))
-            .and_then(|index| record.units.get(index))
-            .filter(|unit| unit.message.role == message.role);
+        let by_origin = position_of(message.origin()).filter(|&index| inputs[index].role == message.role);
         let entry = match by_origin {
-            Some(unit) => (Some(unit), same(&unit.message, message)),
+            Some(index) => (Some(index), unchanged(&inputs[index], message)),
             // Not one of ours by identity (a session's transcript): an unchanged message
             // is found by what it says, in order.
-            None => match record.units[cursor.min(record.units.len())..]
+            None => match inputs[cursor.min(inputs.len())..]
                 .iter()
-                .position(|unit| same(&unit.message, message))
+                .position(|input| same(input, message))
             {
                 Some(offset) => {
                     cursor += offset + 1;
-                    (Some(&record.units[cursor - 1]), true)
+                    (Some(cursor - 1), true)
                 }
                 None => (None, false),
             },
@@ -79,8 +105,8 @@ pub(super) fn write(record: &Record<'_>, history: &[RArc<Message>]) -> Written {
 
     let mut instructions = None;
     let mut rest = Vec::with_capacity(found.len());
-    for (message, (unit, unchanged)) in history.iter().zip(&found) {
-        match unit.map(|unit| &unit.source) {
+    for (message, (index, unchanged)) in history.iter().zip(&found) {
+        match index.map(|index| &parsed.units[index].source) {
             Some(Source::Instructions(raw)) if instructions.is_none() => {
                 instructions = Some(if *unchanged {
                     raw.to_string()
@@ -88,11 +114,11 @@ pub(super) fn write(record: &Record<'_>, history: &[RArc<Message>]) -> Written {
                     Value::String(message.content.text()).to_string()
                 });
             }
-            _ => rest.push((message, *unit, *unchanged)),
+            _ => rest.push((message, *index, *unchanged)),
         }
     }
-    if let [(_, Some(unit), true)] = rest.as_slice() {
-        if let Source::InputString(raw) = unit.source {
+    if let [(_, Some(index), true)] = rest.as_slice() {
+        if let Source::InputString(raw) = parsed.units[*index].source {
             return Written {
                 instructions,
                 input: raw.to_string(),
@@ -100,17 +126,38 @@ pub(super) fn write(record: &Record<'_>, history: &[RArc<Message>]) -> Written {
         }
     }
 
+    let call_kinds: Vec<(&str, &str)> = parsed
+        .units
+        .iter()
+        .flat_map(|unit| &unit.items)
+        .filter_map(|item| match &item.read {
+            Read::Call(call, kind) => Some((call.id.as_str(), kind.as_str())),
+            _ => None,
+        })
+        .collect();
     let mut items = Vec::new();
-    for (message, unit, unchanged) in rest {
-        match unit {
-            Some(unit) => write_unit(record, unit, message, unchanged, &mut items),
-            None => write_fresh(record, message, &mut items),
+    for (message, index, unchanged) in rest {
+        match index {
+            Some(index) => write_unit(
+                &call_kinds,
+                &parsed.units[index],
+                &inputs[index],
+                message,
+                unchanged,
+                &mut items,
+            ),
+            None => write_fresh(&call_kinds, message, &mut items),
         }
     }
     Written {
         instructions,
         input: join(keep_reasoning_adjacent(items)),
     }
+}
+
+/// Whether an output message is its input unchanged: the same one, or saying the same.
+fn unchanged(input: &RArc<Message>, output: &RArc<Message>) -> bool {
+    std::ptr::eq::<Message>(&**input, &**output) || same(input, output)
 }
 
 /// Drops a reasoning item no longer followed by a model-side item: the API refuses a
@@ -144,19 +191,29 @@ fn join(items: Vec<Item<'_>>) -> String {
 }
 
 fn write_unit<'a>(
-    record: &Record<'a>,
+    call_kinds: &[(&str, &str)],
     unit: &Unit<'a>,
+    original: &Message,
     message: &Message,
     unchanged: bool,
     items: &mut Vec<Item<'a>>,
 ) {
-    match &unit.source {
-        Source::Message { raw, item } | Source::Output { raw, item } if unchanged => {
-            items.push(Item::raw(raw, item))
-        }
-        Source::Message { item, .. } => {
+    if let Source::Instructions(_) | Source::InputString(_) = unit.source {
+        return write_fresh(call_kinds, message, items);
+    }
+    if unchanged {
+        items.extend(
+            unit.raws
+                .iter()
+                .zip(&unit.items)
+                .map(|(raw, item)| Item::raw(raw, item)),
+        );
+        return;
+    }
+    match unit.items.as_slice() {
+        [item] if matches!(item.read, Read::Message(_)) => {
             let mut out = Map::new();
-            if let Some(kind) = item.get("type") {
+            if let Some(kind) = item.map.get("type") {
                 out.insert("type".into(), kind.clone());
             }
             out.insert("role".into(), message.role.as_str().into());
@@ -164,30 +221,29 @@ fn write_unit<'a>(
             extend_extra(&mut out, message);
             items.push(Item::made(out));
         }
-        Source::Output { item, .. } => {
+        [item] if matches!(item.read, Read::Output(_)) => {
             let mut out = Map::new();
             out.insert(
                 "type".into(),
-                item.get("type").cloned().unwrap_or("function_call_output".into()),
+                item.map
+                    .get("type")
+                    .cloned()
+                    .unwrap_or("function_call_output".into()),
             );
             out.insert("call_id".into(), message.call_id().unwrap_or_default().into());
-            let object = matches!(item.get("output"), Some(Value::Object(_)));
+            let object = matches!(item.map.get("output"), Some(Value::Object(_)));
             out.insert("output".into(), output_value(&message.content, object));
             extend_extra(&mut out, message);
             items.push(Item::made(out));
         }
-        Source::Run(slots) if unchanged => {
-            items.extend(slots.iter().map(|slot| Item::raw(slot.raw, &slot.item)))
-        }
-        Source::Run(slots) => write_run(slots, &unit.message, message, items),
-        Source::Instructions(_) | Source::InputString(_) => write_fresh(record, message, items),
+        _ => write_run(unit, original, message, items),
     }
 }
 
 /// A changed run: each item whose part(s) or call came out unchanged as its bytes, the
 /// rest rewritten; content the chain reshaped (e.g. one placeholder text) as one
 /// assistant message item, then the calls still there.
-fn write_run<'a>(slots: &[Slot<'a>], original: &Message, message: &Message, items: &mut Vec<Item<'a>>) {
+fn write_run<'a>(unit: &Unit<'a>, original: &Message, message: &Message, items: &mut Vec<Item<'a>>) {
     let no_parts = Default::default();
     let before = match &original.content {
         Content::Parts(parts) => parts,
@@ -202,17 +258,18 @@ fn write_run<'a>(slots: &[Slot<'a>], original: &Message, message: &Message, item
         write_assistant_content(&message.content, items);
     }
     let mut at = 0;
-    for slot in slots {
-        match (&slot.kind, positional) {
-            (SlotKind::Message { parts, string }, true) => {
-                let (new, old) = (&now[at..at + parts], &before[at..at + parts]);
-                at += parts;
+    for (raw, slot) in unit.raws.iter().zip(&unit.items) {
+        match (&slot.read, positional) {
+            (Read::Said { parts, string }, true) => {
+                let count = parts.len();
+                let (new, old) = (&now[at..at + count], &before[at..at + count]);
+                at += count;
                 if new == old {
-                    items.push(Item::raw(slot.raw, &slot.item));
+                    items.push(Item::raw(raw, slot));
                 } else if new.is_empty() {
                     // Nothing left of it.
                 } else {
-                    let mut out = slot.item.clone();
+                    let mut out = slot.map.clone();
                     let content = match new {
                         [Part::Text { text, extra }] if *string && extra.is_empty() => {
                             Value::String(text.to_string())
@@ -223,23 +280,24 @@ fn write_run<'a>(slots: &[Slot<'a>], original: &Message, message: &Message, item
                     items.push(Item::made(out));
                 }
             }
-            (SlotKind::Opaque, true) => {
+            (Read::Opaque(_), true) => {
                 if now[at] == before[at] {
-                    items.push(Item::raw(slot.raw, &slot.item));
+                    items.push(Item::raw(raw, slot));
                 } else {
                     write_assistant_content(&Content::Parts(vec![now[at].clone()].into()), items);
                 }
                 at += 1;
             }
-            (SlotKind::Call(id), _) => {
+            (Read::Call(read, _), _) => {
+                let id = read.id.as_str();
                 let Some(call) = message.tool_calls.iter().find(|call| call.id.as_str() == id) else {
                     continue;
                 };
                 let old = original.tool_calls.iter().find(|call| call.id.as_str() == id);
                 if old == Some(call) {
-                    items.push(Item::raw(slot.raw, &slot.item));
+                    items.push(Item::raw(raw, slot));
                 } else {
-                    let mut out = slot.item.clone();
+                    let mut out = slot.map.clone();
                     if out.contains_key("name") {
                         out.insert("name".into(), call.name.as_str().into());
                     }
@@ -256,9 +314,10 @@ fn write_run<'a>(slots: &[Slot<'a>], original: &Message, message: &Message, item
     }
     // Calls the chain added to the run.
     for call in message.tool_calls.iter() {
-        let known = slots
+        let known = unit
+            .items
             .iter()
-            .any(|slot| matches!(&slot.kind, SlotKind::Call(id) if id == call.id.as_str()));
+            .any(|slot| matches!(&slot.read, Read::Call(read, _) if read.id == call.id));
         if !known {
             items.push(Item::made(function_call(call)));
         }
@@ -266,7 +325,7 @@ fn write_run<'a>(slots: &[Slot<'a>], original: &Message, message: &Message, item
 }
 
 /// A message the chain made (or one of a string `input` that changed).
-fn write_fresh<'a>(record: &Record<'a>, message: &Message, items: &mut Vec<Item<'a>>) {
+fn write_fresh<'a>(call_kinds: &[(&str, &str)], message: &Message, items: &mut Vec<Item<'a>>) {
     match message.role {
         Role::System | Role::Developer | Role::User => {
             let mut out = Map::new();
@@ -285,10 +344,9 @@ fn write_fresh<'a>(record: &Record<'a>, message: &Message, items: &mut Vec<Item<
         Role::Tool => {
             let id = message.call_id().unwrap_or_default();
             // A placeholder answers the call in that call's output kind.
-            let kind = record
-                .call_kinds
+            let kind = call_kinds
                 .iter()
-                .find(|(call, _)| call == id)
+                .find(|(call, _)| *call == id)
                 .map_or("function_call_output".to_string(), |(_, kind)| {
                     format!("{kind}_output")
                 });

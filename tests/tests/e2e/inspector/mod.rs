@@ -4,6 +4,7 @@
 //! chromedriver)` and passes, except under CI, where it fails. Screenshots go to
 //! `target/ui-screenshots/`.
 
+mod bodies;
 mod browser;
 mod scale;
 
