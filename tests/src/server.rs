@@ -196,6 +196,19 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The server's stderr from byte `from` on, once it holds `needle` or 10 s have passed:
+    /// a line logged just before an answer may reach the reading thread just after it.
+    pub fn stderr_once(&self, from: usize, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let log = self.stderr()[from..].to_string();
+            if log.contains(needle) || std::time::Instant::now() >= deadline {
+                return log;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

@@ -203,6 +203,12 @@ fn restart_only(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.upstream != new.upstream {
         keys.push("[upstream]");
     }
+    if old.server != new.server {
+        keys.push("[server]");
+    }
+    if old.ui != new.ui {
+        keys.push("[ui]");
+    }
     keys
 }
 
@@ -212,6 +218,18 @@ mod tests {
 
     fn fingerprint(config: &str, plugin_dir: &std::path::Path) -> Fingerprint {
         Fingerprint::of(config, plugin_dir)
+    }
+
+    #[test]
+    fn settings_the_process_started_with_are_named_as_restart_only() {
+        let parse =
+            |text: &str| Config::parse(std::path::Path::new("/x/plugins-enabled.toml"), text.into()).unwrap();
+        let old = parse("[server]\nidle_timeout_s = 61\n");
+        assert!(restart_only(&old, &parse("[server]\nidle_timeout_s = 61\n")).is_empty());
+        assert_eq!(
+            restart_only(&old, &parse("max_body_mb = 3\n[ui]\nkeep_bodies = true\n")),
+            ["max_body_mb", "[server]", "[ui]"]
+        );
     }
 
     #[test]

@@ -249,7 +249,7 @@ fn a_full_store_refuses_turns_with_a_503_and_serves_again_once_there_is_room() {
     assert_eq!(answer.status, 200, "after freeing room: {answer:?}");
     assert_eq!(answer.body["turn"], 4);
     assert_eq!(server.get("/healthz").status, 200);
-    let log = server.stderr()[log_before..].to_string();
+    let log = server.stderr_once(log_before, "store available again");
     let ended: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("store available again"))
