@@ -277,13 +277,11 @@ impl Relevance {
         };
         let take = |unit: usize, room: &mut Room| room.take(units[unit].len() as u64, unit_tokens[unit]);
 
-        // The newest `recent` units, as long as they fit; all of them when the history
-        // fits, so recalled exchanges only take what room it leaves.
-        let recent = if history_fits { history_units } else { self.recent };
+        // The newest `recent` units, as long as they fit.
         let mut keep = vec![false; units.len()];
         let mut oldest_recent = history_units;
         let mut recent_fit = true;
-        for unit in (0..history_units).rev().take(recent) {
+        for unit in (0..history_units).rev().take(self.recent) {
             if !take(unit, &mut room) {
                 recent_fit = false;
                 break;
@@ -293,12 +291,15 @@ impl Relevance {
         }
 
         // Then the older units that best match the newest user message, the recalled
-        // exchanges among them, scored as one more unit each.
+        // exchanges among them, scored as one more unit each. When the history itself
+        // fits, its other older units follow, newest first: a recalled exchange displaces
+        // only the oldest that do not match (docs/plugins.md#relevance).
         let scores = self.scores(&query, &all, &units);
+        let matches = |u: usize| scores[u] > 0.0 && scores[u] > self.min_score;
         if recent_fit {
             let mut candidates: Vec<usize> = (0..oldest_recent)
                 .chain(history_units..units.len())
-                .filter(|&u| scores[u] > 0.0 && scores[u] > self.min_score)
+                .filter(|&u| matches(u) || (history_fits && u < history_units))
                 .collect();
             candidates.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(b.cmp(&a)));
             for unit in candidates {
@@ -410,8 +411,8 @@ impl Relevance {
     }
 
     /// Puts each kept recalled exchange into `kept` in transcript order: before the first
-    /// unpinned user message that entered after it (the newest user message, the
-    /// question, at the latest), so the history stays in the order it happened and whole.
+    /// unpinned message that entered after it (never between a call and its results, and
+    /// never after the question), so the history stays in the order it happened and whole.
     fn insert_recalled(
         &self,
         kept: &mut Vec<RArc<Message>>,
@@ -425,11 +426,19 @@ impl Relevance {
         recalled.sort_by_key(|members| all[members[0]].origin());
         for members in recalled {
             let first = &all[members[0]];
-            let Some(at) = kept.iter().position(|m| {
-                m.role == Role::User && m.origin() > first.origin() && !pinned.contains(&m.origin())
-            }) else {
+            let Some(mut at) = kept
+                .iter()
+                .position(|m| m.origin() > first.origin() && !pinned.contains(&m.origin()))
+            else {
                 continue;
             };
+            // Never between a call and its results.
+            while kept.get(at).is_some_and(|m| m.role == Role::Tool) {
+                at += 1;
+            }
+            if at == kept.len() {
+                continue;
+            }
             let tokens: u64 = members
                 .iter()
                 .map(|&i| {

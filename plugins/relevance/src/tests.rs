@@ -82,14 +82,20 @@ fn without_from_transcript_a_session_or_a_match_nothing_is_recalled() {
 }
 
 #[test]
-fn a_recalled_exchange_takes_only_the_room_left_and_is_never_there_twice() {
+fn a_recalled_exchange_displaces_the_oldest_unmatched_units_and_is_never_there_twice() {
     let (transcript, history) = transcript_and_history();
     let relevance = plugin(r#"{"from_transcript": true, "recent": 2}"#);
     with_transcript(transcript.clone(), || {
-        // 7 messages in a window of 9: no room for 4 more.
+        // A window of 9 unpinned messages, 6 in use: the exchange's 4 come in, and the
+        // oldest message matching nothing (7) goes; 2 matches ("deploy script") and stays.
         let ctx = settings().session("s1").effective_ctx(9).turn(6).context();
         let output = plugin_testing::process(&relevance, &history, &ctx).unwrap();
-        assert_eq!(origins(&output.history), origins(&history));
+        assert_eq!(origins(&output.history), [1, 2, 3, 4, 5, 6, 8, 9, 10, 11]);
+        // A window of 5, which the history does not fit: the newest 2 and the exchange's 4
+        // do not fit either, so it stays out; the older match (2) comes in, as always.
+        let ctx = settings().session("s1").effective_ctx(5).turn(6).context();
+        let output = plugin_testing::process(&relevance, &history, &ctx).unwrap();
+        assert_eq!(origins(&output.history), [1, 2, 10, 11]);
         // A compacted copy of message 5 in the history: the exchange is not recalled again.
         let mut with_copy = history.clone();
         let mut copy = (*transcript[4]).clone();
