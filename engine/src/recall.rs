@@ -9,6 +9,7 @@
 //! the output check accepts them as it accepts input messages ([`check_stage`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use abi_stable::std_types::{RErr, ROk, RResult, RStr, RString, RVec};
@@ -29,6 +30,10 @@ struct Offer {
     handed: Vec<RArc<Message>>,
 }
 
+/// How many offers have handed messages out: while none has, the output check of a stage
+/// takes no lock (docs/chain.md#performance).
+static HANDING: AtomicUsize = AtomicUsize::new(0);
+
 fn offers() -> &'static Mutex<HashMap<String, Offer>> {
     static OFFERS: OnceLock<Mutex<HashMap<String, Offer>>> = OnceLock::new();
     OFFERS.get_or_init(Default::default)
@@ -46,6 +51,9 @@ impl Drop for Provided {
         if let Some(offer) = offers.get_mut(&self.session) {
             offer.operations -= 1;
             if offer.operations == 0 {
+                if !offer.handed.is_empty() {
+                    HANDING.fetch_sub(1, Ordering::SeqCst);
+                }
                 offers.remove(&self.session);
             }
         }
@@ -91,9 +99,13 @@ pub(crate) fn recall(ctx: &Context, query: &str, limit: u64) -> Result<Vec<Recal
     })?;
     let mut offers = offers().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(offer) = offers.get_mut(session) {
+        let was_empty = offer.handed.is_empty();
         offer
             .handed
             .extend(found.iter().flat_map(|r| r.messages.iter().cloned()));
+        if was_empty && !offer.handed.is_empty() {
+            HANDING.fetch_add(1, Ordering::SeqCst);
+        }
     }
     Ok(found)
 }
@@ -120,14 +132,100 @@ pub(crate) fn check_stage(
     output: &[RArc<Message>],
 ) -> Result<usize, String> {
     let handed = match ctx.session_id.as_ref().into_option() {
-        Some(session) => {
+        Some(session) if HANDING.load(Ordering::SeqCst) > 0 => {
             let offers = offers().lock().unwrap_or_else(|e| e.into_inner());
             offers
                 .get(session.as_str())
                 .map(|offer| offer.handed.clone())
                 .unwrap_or_default()
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
     plugin_api::check::check_stage_recalled(input, input_faults, output, &handed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use history_wire::chat::history_from_str;
+    use plugin_api::{ModelInfo, ROption, Tokenizer};
+
+    /// A transcript of one exchange, numbered 41 and 42 as a store numbers them.
+    struct Fixed(Vec<RArc<Message>>);
+
+    impl Transcript for Fixed {
+        fn recall(&self, query: &str, limit: usize) -> Result<Vec<Recalled>, String> {
+            assert_eq!((query, limit), ("port", 2));
+            Ok(vec![Recalled {
+                score: 1.5,
+                messages: self.0.clone().into(),
+            }])
+        }
+    }
+
+    fn ctx(session: Option<&str>) -> Context {
+        Context {
+            session_id: session.map(RString::from).into(),
+            model: ModelInfo {
+                name: "m".into(),
+                max_context: 10,
+                context_tokens: 1000,
+                tokenizer: Tokenizer::Chars4,
+                effective_ctx: 10,
+            },
+            agent_max_ctx: 10,
+            effective_ctx: 10,
+            turn: 3,
+            last_active: ROption::RNone,
+            expiration_override: ROption::RNone,
+            services: crate::services::SERVICES,
+        }
+    }
+
+    fn numbered(json: &str, first: u64) -> Vec<RArc<Message>> {
+        let mut history = history_from_str(json).unwrap();
+        for (offset, message) in history.iter_mut().enumerate() {
+            RArc::make_mut(message).set_origin(first + offset as u64);
+        }
+        history
+    }
+
+    #[test]
+    fn a_session_run_recalls_from_its_offer_and_the_check_accepts_what_it_handed_out() {
+        let old = numbered(
+            r#"[{"role":"user","content":"which port?"},{"role":"assistant","content":"6380"}]"#,
+            41,
+        );
+        let input = numbered(r#"[{"role":"user","content":"the port again?"}]"#, 90);
+        let session = ctx(Some("recall-test-session"));
+        let mut output = old.clone();
+        output.extend(input.iter().cloned());
+
+        // Before anything is recalled, a message of the transcript is invented.
+        let provided = provide("recall-test-session", Arc::new(Fixed(old.clone())));
+        let refused = check_stage(&session, &input, 0, &output).unwrap_err();
+        assert!(refused.contains("invented"), "{refused}");
+
+        let services = crate::services::SERVICES;
+        let found = (services.recall().expect("this host has recall"))(&session, "port".into(), 2)
+            .into_result()
+            .unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].messages[0].origin(), 41);
+        assert_eq!(check_stage(&session, &input, 0, &output), Ok(0));
+        // Another session's run does not get this one's messages.
+        let other = ctx(Some("another-session"));
+        assert!(check_stage(&other, &input, 0, &output).is_err());
+        assert!(recall(&other, "port", 2).unwrap().is_empty());
+
+        // Once the operation ends, nothing is offered or accepted.
+        drop(provided);
+        assert!(recall(&session, "port", 2).unwrap().is_empty());
+        assert!(check_stage(&session, &input, 0, &output).is_err());
+    }
+
+    #[test]
+    fn a_stateless_run_recalls_nothing() {
+        assert!(recall(&ctx(None), "port", 2).unwrap().is_empty());
+    }
 }
