@@ -31,7 +31,7 @@ struct Offer {
 }
 
 /// How many offers have handed messages out: while none has, the output check of a stage
-/// takes no lock (docs/chain.md#performance).
+/// takes no lock (docs/chain.md#the-output-check).
 static HANDING: AtomicUsize = AtomicUsize::new(0);
 
 fn offers() -> &'static Mutex<HashMap<String, Offer>> {
