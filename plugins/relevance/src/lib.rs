@@ -236,8 +236,14 @@ impl Relevance {
     }
 
     fn select(&self, history: &[RArc<Message>], ctx: &Context) -> Output {
-        let query = self.query(history);
-        let recalled = self.recalled(history, &query, ctx);
+        // The query is read only when it is used: a history that fits needs none, unless
+        // the transcript is asked.
+        let asks_transcript = self.from_transcript && ctx.session_id.is_some();
+        let mut query = asks_transcript.then(|| self.query(history));
+        let recalled = match &query {
+            Some(words) => self.recalled(history, words, ctx),
+            None => Vec::new(),
+        };
         let pinned = history_trim::pinned_messages(history, self.pins);
         // The history's messages, then the recalled exchanges' (each a unit of its own);
         // without any, the history itself (not copied).
@@ -294,7 +300,8 @@ impl Relevance {
         // exchanges among them, scored as one more unit each. When the history itself
         // fits, its other older units follow, newest first: a recalled exchange displaces
         // only the oldest that do not match (docs/plugins.md#relevance).
-        let scores = self.scores(&query, &all, &units);
+        let query = query.get_or_insert_with(|| self.query(history));
+        let scores = self.scores(query, &all, &units);
         let matches = |u: usize| scores[u] > 0.0 && scores[u] > self.min_score;
         if recent_fit {
             let mut candidates: Vec<usize> = (0..oldest_recent)
