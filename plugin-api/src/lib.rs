@@ -120,7 +120,7 @@
 //!   the variant, whose copy of the enum is shorter, can only send kinds the host knows;
 //!   the host accepts exactly that difference for the enums it lists as outbound
 //!   (`OUTBOUND_ENUMS` in the engine's `compat`: `EventKind` only). `message-changed` and
-//!   `message-summarized` were added in 0.2.2.
+//!   `message-summarized` were added in 0.2.2, `message-recalled` in 0.2.3.
 //! - Nothing else. A field anywhere else, a variant of any other enum (one the host hands
 //!   to plugins, like [`Tokenizer`] or [`Role`], would reach a plugin that cannot read
 //!   it), a variant inserted, reordered or removed, a changed signature or a moved
