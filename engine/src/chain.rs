@@ -9,7 +9,6 @@ use plugin_api::parts::MediaRules;
 use plugin_api::structure::Faults;
 use plugin_api::{Context, Event, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice};
 
-use crate::check::check_stage;
 use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
@@ -586,7 +585,7 @@ impl Chain {
         let history = &state.history;
         // Identities are unique here (assign_origins), as check_stage requires.
         let checked = result.and_then(|output| {
-            let output_faults = check_stage(history, state.faults, &output.history)?;
+            let output_faults = crate::recall::check_stage(ctx, history, state.faults, &output.history)?;
             Ok((output, output_faults))
         });
         report.elapsed = started.elapsed();

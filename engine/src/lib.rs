@@ -48,6 +48,7 @@ pub mod logging;
 pub mod output;
 pub mod probe;
 mod rank_table;
+pub mod recall;
 pub mod reload;
 pub mod selfcheck;
 pub mod services;

@@ -1,5 +1,5 @@
 //! The services the host offers plugins through their contexts (token counting, logging,
-//! summarizing):
+//! summarizing, recalling from a session's transcript in [`crate::recall`]):
 //! one process-wide [`plugin_api::HostServices`] instance, built at compile time. What
 //! varies per call lives elsewhere: the plugin that is running (for its log lines) in
 //! [`logging`], the counts on the messages themselves, the configured summarizer in
@@ -53,6 +53,7 @@ impl Instance {
         count_content,
         log: logging::plugin_log,
         summarize,
+        recall: crate::recall::recall_service,
     }));
 }
 

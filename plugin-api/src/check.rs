@@ -83,6 +83,36 @@ pub fn check_stage(
     .map_err(|e| format!("invalid output: {e}"))
 }
 
+/// [`check_stage`] for a call that recalled messages from the session's transcript
+/// (`ctx.recall`, docs/chain.md#the-output-check): a recalled message counts as one more
+/// input message, so the plugin may put it into its output as it came or changed, under
+/// its own identity. A recalled message whose identity the input already has (the
+/// message itself, or a compacted copy of it) is left out: it would appear twice.
+pub fn check_stage_recalled(
+    input: &[RArc<Message>],
+    input_faults: usize,
+    output: &[RArc<Message>],
+    recalled: &[RArc<Message>],
+) -> Result<usize, String> {
+    if recalled.is_empty() || is_passthrough(input, output) || is_selection(input, output) {
+        return check_stage(input, input_faults, output);
+    }
+    let origins: HashSet<u64> = input.iter().map(|m| m.origin()).collect();
+    let mut known = input.to_vec();
+    let mut added: HashSet<u64> = HashSet::default();
+    known.extend(
+        recalled
+            .iter()
+            .filter(|m| !origins.contains(&m.origin()) && added.insert(m.origin()))
+            .cloned(),
+    );
+    // The full check, not `check_stage`'s selection path: a recalled message may stand
+    // anywhere in the output.
+    check_output(&known, input_faults, output)
+        .map(|faults| faults.count())
+        .map_err(|e| format!("invalid output: {e}"))
+}
+
 /// Checks one plugin's output against its input. Returns the output's structural faults,
 /// or the first problem found (naming the index of the output message).
 pub fn check_output(

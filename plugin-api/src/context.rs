@@ -1,9 +1,9 @@
 //! What the host hands a plugin: the per-call [`Context`] (docs/abi.md#the-root-module), the
 //! [`LoadContext`] of `new`, and the host services inside them (logging, token counting,
-//! summarizing).
+//! summarizing, recalling from the session's transcript).
 
 use abi_stable::{
-    std_types::{ROption, RResult, RStr, RString, RVec},
+    std_types::{RArc, ROption, RResult, RStr, RString, RVec},
     StableAbi,
 };
 
@@ -111,6 +111,26 @@ pub struct HostServices {
     /// Summarizes `text` (the first `RStr`) in about the target number of characters, for
     /// the purpose (the second `RStr`); see [`Context::summarize`]. Added in 0.2.1.
     pub summarize: extern "C" fn(RStr<'_>, u64, RStr<'_>) -> RResult<RString, RString>,
+    /// The best-matching exchanges of the call's session transcript for a query (the
+    /// `RStr`), at most the `u64` of them; see [`Context::recall`]. Added in 0.2.3.
+    pub recall: extern "C" fn(&Context, RStr<'_>, u64) -> RResult<RVec<Recalled>, RString>,
+}
+
+/// One exchange of the session's transcript that [`Context::recall`] found
+/// (docs/abi.md#host-services): the user message that opened it and every message up to
+/// the next user message, as they entered the transcript (each with its identity, its
+/// transcript position, and its turn), so it is whole: a tool call comes with its results.
+///
+/// A plugin may put these messages, unchanged or changed, into its output: the host's
+/// output check accepts a message recalled in this run as it accepts an input message
+/// (docs/chain.md#the-output-check).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct Recalled {
+    /// The exchange's BM25 score against the query: its best message's.
+    pub score: f64,
+    /// The exchange's messages, in transcript order.
+    pub messages: RVec<RArc<Message>>,
 }
 
 impl std::fmt::Debug for HostServicesRef {
@@ -236,6 +256,29 @@ impl Context {
         summarize(text.into(), target_chars as u64, purpose.into())
             .into_result()
             .map(RString::into_string)
+            .map_err(RString::into_string)
+    }
+
+    /// Asks the host for the `limit` exchanges of this session's whole transcript that
+    /// best match `query` (BM25, as `search_history` over MCP scores, docs/mcp.md), best
+    /// first: what the chain may have dropped on an earlier turn. Each is whole (see
+    /// [`Recalled`]) and its messages keep their identities, so the output check accepts
+    /// them back into the history.
+    ///
+    /// A stateless call (no session: `process`, a stateless proxy request) has no
+    /// transcript beyond its input: the answer is empty. The answer is `Err` when the
+    /// store cannot be read, and when the host predates this service (plugin-api 0.2.3):
+    /// a plugin then keeps to its input.
+    pub fn recall(&self, query: &str, limit: usize) -> Result<Vec<Recalled>, String> {
+        let Some(recall) = self.services.recall() else {
+            return Err(
+                "recall is not available in this host (it needs a host built with plugin-api 0.2.3 or newer)"
+                    .to_string(),
+            );
+        };
+        recall(self, query.into(), limit as u64)
+            .into_result()
+            .map(RVec::into_vec)
             .map_err(RString::into_string)
     }
 }

@@ -30,6 +30,9 @@ pub enum EventKind {
     MessageChanged,
     /// Messages were replaced by a summary of them. Since 0.2.2.
     MessageSummarized,
+    /// A message of the session's transcript, not in the plugin's input, was put back
+    /// into the history (`ctx.recall`). Since 0.2.3.
+    MessageRecalled,
 }
 
 impl EventKind {
@@ -46,11 +49,12 @@ impl EventKind {
             Self::Warning => "warning",
             Self::MessageChanged => "message-changed",
             Self::MessageSummarized => "message-summarized",
+            Self::MessageRecalled => "message-recalled",
         }
     }
 
     /// Every kind, in declaration order.
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 11] = [
         Self::MessageExpired,
         Self::MessageCompacted,
         Self::MessageRemoved,
@@ -61,6 +65,7 @@ impl EventKind {
         Self::Warning,
         Self::MessageChanged,
         Self::MessageSummarized,
+        Self::MessageRecalled,
     ];
 }
 

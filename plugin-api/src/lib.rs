@@ -65,6 +65,9 @@
 //! - Ask the host for a summary with [`Context::summarize`] (no network or provider SDK in
 //!   a plugin); it may answer `Err` (no summarizer configured, a failed call, an older
 //!   host), so always have a fallback.
+//! - In a session, ask for the exchanges of its whole transcript that match a query with
+//!   [`Context::recall`] (plugin-api 0.2.3): what an earlier turn dropped can come back,
+//!   whole and under its own identity.
 //! - Rewrite text with [`Message::map_text`] (and [`Content::map_text`]): it reaches every
 //!   place a message carries text — content, tool-call arguments, the original kept for
 //!   expansion, members the types do not model — so a redactor leaks nothing through a
@@ -105,7 +108,8 @@
 //!   release that added it, and a method on [`Context`] (or [`LoadContext`]) that reads it
 //!   through its accessor. The accessor returns `None` when the host's instance predates
 //!   the field; the method then answers "not available in this host" in the plugin's own
-//!   terms (an `Err`, a fallback). Example: [`Context::summarize`], added in 0.2.1.
+//!   terms (an `Err`, a fallback). Examples: [`Context::summarize`], added in 0.2.1;
+//!   [`Context::recall`], added in 0.2.3.
 //! - **An optional entry point**: a method appended to [`PluginInstance`](plugin::PluginInstance)
 //!   (after `on_model_switch`) **with a default body** — that body is what the host runs
 //!   for a plugin whose vtable predates the method —, the same method with a default on
@@ -116,7 +120,7 @@
 //!   the variant, whose copy of the enum is shorter, can only send kinds the host knows;
 //!   the host accepts exactly that difference for the enums it lists as outbound
 //!   (`OUTBOUND_ENUMS` in the engine's `compat`: `EventKind` only). `message-changed` and
-//!   `message-summarized` were added in 0.2.2.
+//!   `message-summarized` were added in 0.2.2, `message-recalled` in 0.2.3.
 //! - Nothing else. A field anywhere else, a variant of any other enum (one the host hands
 //!   to plugins, like [`Tokenizer`] or [`Role`], would reach a plugin that cannot read
 //!   it), a variant inserted, reordered or removed, a changed signature or a moved
@@ -167,7 +171,7 @@ pub use abi_stable::std_types::{RArc, ROption, RResult, RSlice, RStr, RString, R
 pub use config::{ConfigError, ConfigTable};
 pub use context::{
     Context, ExpirationOverride, HostServices, HostServicesRef, LoadContext, LogLevel, Logger, ModelInfo,
-    TokenCounter, Tokenizer,
+    Recalled, TokenCounter, Tokenizer,
 };
 pub use event::{Event, EventKind, Output};
 pub use message::{

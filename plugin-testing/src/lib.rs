@@ -22,8 +22,11 @@
 //! ```
 //! Their services count every tokenizer as `chars4`
 //! (the real encodings live in the host), drop log lines and have no summarizer (so
-//! `summarize` answers `Err`, as in a host without one); end-to-end tests through the host
-//! use the real ones.
+//! `summarize` answers `Err`, as in a host without one); `recall` answers from the
+//! transcript a test gives with [`with_transcript`] (nothing otherwise, as in a stateless
+//! call). End-to-end tests through the host use the real ones.
+
+use std::cell::RefCell;
 
 use abi_stable::{
     prefix_type::WithMetadata,
@@ -32,7 +35,7 @@ use abi_stable::{
 };
 
 use plugin_api::context::{
-    Context, HostServices, HostServicesRef, LoadContext, LogLevel, ModelInfo, Tokenizer,
+    Context, HostServices, HostServicesRef, LoadContext, LogLevel, ModelInfo, Recalled, Tokenizer,
 };
 use plugin_api::event::Output;
 use plugin_api::message::Message;
@@ -68,7 +71,75 @@ pub fn check(input: &[RArc<Message>], output: &[RArc<Message>]) -> Result<(), St
                 .into(),
         );
     }
-    plugin_api::check::check_stage(input, Faults::of(input).count(), output).map(|_| ())
+    let recalled = RECALLED.with(|r| r.borrow().clone());
+    plugin_api::check::check_stage_recalled(input, Faults::of(input).count(), output, &recalled).map(|_| ())
+}
+
+thread_local! {
+    /// The transcript of [`with_transcript`], if one is given on this thread.
+    static TRANSCRIPT: RefCell<Option<Vec<RArc<Message>>>> = const { RefCell::new(None) };
+    /// The messages `recall` handed out: [`check`] accepts them as the host does.
+    static RECALLED: RefCell<Vec<RArc<Message>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `transcript` as the session's transcript that `ctx.recall` searches
+/// (docs/abi.md#host-services), and [`check`] accepting what it recalled, as the host
+/// does. Build it with [`history`] so each message has its identity. The test services
+/// split it into exchanges as the host does (a user message and what follows it up to the
+/// next one) and score an exchange by how many of the query's words (lower-cased letters
+/// and digits) its best message holds: simpler than the host's BM25, enough to choose.
+pub fn with_transcript<R>(transcript: Vec<RArc<Message>>, f: impl FnOnce() -> R) -> R {
+    let previous = TRANSCRIPT.with(|t| t.replace(Some(transcript)));
+    let handed = RECALLED.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    let result = f();
+    TRANSCRIPT.with(|t| *t.borrow_mut() = previous);
+    RECALLED.with(|r| *r.borrow_mut() = handed);
+    result
+}
+
+fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+}
+
+/// The test services' `recall`: see [`with_transcript`].
+extern "C" fn recall_from_transcript(
+    ctx: &Context,
+    query: RStr<'_>,
+    limit: u64,
+) -> RResult<RVec<Recalled>, RString> {
+    let transcript = TRANSCRIPT.with(|t| t.borrow().clone());
+    let (Some(transcript), true) = (transcript, ctx.session_id.is_some()) else {
+        return RResult::ROk(RVec::new());
+    };
+    let query: Vec<String> = words(query.as_str()).collect();
+    let score = |m: &Message| -> f64 {
+        let texts: Vec<String> = m.token_items().flat_map(words).collect();
+        query.iter().filter(|q| texts.contains(q)).count() as f64
+    };
+    let mut exchanges: Vec<Recalled> = Vec::new();
+    for message in transcript {
+        let best = score(&message);
+        match exchanges.last_mut() {
+            Some(last) if message.role != plugin_api::Role::User => {
+                last.score = last.score.max(best);
+                last.messages.push(message);
+            }
+            _ => exchanges.push(Recalled {
+                score: best,
+                messages: vec![message].into(),
+            }),
+        }
+    }
+    exchanges.retain(|e| e.score > 0.0);
+    exchanges.sort_by(|a, b| b.score.total_cmp(&a.score));
+    exchanges.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    RECALLED.with(|r| {
+        r.borrow_mut()
+            .extend(exchanges.iter().flat_map(|e| e.messages.iter().cloned()))
+    });
+    RResult::ROk(exchanges.into())
 }
 
 /// Calls `plugin.process(input, ctx)` and checks its output as the host would
@@ -125,11 +196,12 @@ impl TestServices {
         count_content: chars4_content,
         log: discard,
         summarize: no_summarizer,
+        recall: recall_from_transcript,
     }));
 }
 
 /// Host services for unit tests: `chars4` counting for every tokenizer, log lines dropped,
-/// no summarizer.
+/// no summarizer, recall from [`with_transcript`]'s transcript.
 pub const SERVICES: HostServicesRef = HostServicesRef(TestServices::INSTANCE.as_prefix());
 
 /// A test model with the given window in messages.
@@ -166,6 +238,7 @@ pub fn settings() -> ContextSettings {
         tokenizer: Tokenizer::Chars4,
         context_tokens: 128_000,
         turn: 1,
+        session: None,
     }
 }
 
@@ -179,6 +252,7 @@ pub struct ContextSettings {
     tokenizer: Tokenizer,
     context_tokens: u64,
     turn: u64,
+    session: Option<String>,
 }
 
 impl ContextSettings {
@@ -212,11 +286,17 @@ impl ContextSettings {
         self.turn = turn;
         self
     }
-    /// The context of a stateless call with these settings.
+    /// A session's call (the default is a stateless one): `ctx.recall` answers from
+    /// [`with_transcript`]'s transcript only in one.
+    pub fn session(mut self, id: &str) -> Self {
+        self.session = Some(id.to_string());
+        self
+    }
+    /// The context of a call with these settings.
     pub fn context(self) -> Context {
         let agent_max_ctx = self.agent_max_ctx.unwrap_or(self.effective_ctx);
         Context {
-            session_id: ROption::RNone,
+            session_id: self.session.map(RString::from).into(),
             model: ModelInfo {
                 name: self.model.into(),
                 max_context: self.effective_ctx,

@@ -74,7 +74,8 @@ pub enum Edit {
 const VIEW_PLUGINS: &[(&str, &str)] = &[(
     "relevance",
     "in the chain, the old exchanges it drops leave the working history for good, and a later \
-     question cannot bring them back; in the view it picks from the whole working history each turn",
+     question cannot bring them back (but with `from_transcript = true`); in the view it picks from the \
+     whole working history each turn, and with `from_transcript = true` from the whole transcript too",
 )];
 
 impl Edit {

@@ -17,6 +17,9 @@ pub(crate) const CALL: u8 = 2;
 /// Host → worker, during a call: the answer to the worker's [`SUMMARIZE`] (0 and the
 /// summary, or 1 and why there is none).
 pub(crate) const SUMMARY: u8 = 3;
+/// Host → worker, during a call: the answer to the worker's [`RECALL`] (0 and the
+/// exchanges, each its score's bits and its messages; or 1 and why there are none).
+pub(crate) const RECALLED: u8 = 4;
 /// Worker → host: the plugin is built (name, version).
 pub(crate) const LOADED: u8 = 10;
 /// Worker → host: the library is refused (the reason in one line, an optional detail).
@@ -33,6 +36,9 @@ pub(crate) const ERROR: u8 = 15;
 /// Worker → host, during a call: the plugin's `ctx.summarize()` (text, target characters,
 /// purpose); the worker waits for the host's [`SUMMARY`].
 pub(crate) const SUMMARIZE: u8 = 16;
+/// Worker → host, during a call: the plugin's `ctx.recall()` (query, limit); the worker
+/// waits for the host's [`RECALLED`]. The session is the call's, which the host knows.
+pub(crate) const RECALL: u8 = 17;
 
 /// In a call's output: an input message passed through, by its index in the input.
 pub(crate) const SAME: u8 = 0;

@@ -22,6 +22,8 @@
 //!   frame in the middle of the call, and the host answers it with its own summarizer and
 //!   cache ([`crate::summarizer`], as in-process); that time is the host's, not the
 //!   plugin's, so the deadline moves by it (docs/chain.md#deadline).
+//! - So is its `ctx.recall()`: a RECALL frame, answered with the call's session's
+//!   transcript ([`crate::recall`]); what it hands out is checked as in-process.
 
 mod codec;
 mod framing;
@@ -332,6 +334,18 @@ impl IsolatedPlugin {
                 }
                 continue;
             }
+            if kind == framing::RECALL {
+                let Ok(reply) = recall_reply(&mut answer, ctx, &mut deadline) else {
+                    return Err(format!(
+                        "its worker (pid {}) asked for a recall in a broken frame and was killed; a new one starts at the next call",
+                        worker.pid()
+                    ));
+                };
+                if framing::send(&mut worker.requests, reply).is_err() {
+                    return Err(format!("{}; {NEXT_CALL}", worker.died("during the call")));
+                }
+                continue;
+            }
             let decoded = match kind {
                 framing::LOG => self.log(&mut answer).map(|_| None),
                 framing::OUTPUT => decode_output(&mut answer, history).map(|output| Some(Ok(output))),
@@ -373,6 +387,40 @@ fn summarize_request(frame: &mut Decoder<'_>) -> Decoded<(String, u64, String)> 
     let request = (frame.str()?.to_string(), frame.u64()?, frame.str()?.to_string());
     frame.finish()?;
     Ok(request)
+}
+
+/// The host's answer to a worker's RECALL frame: the session's transcript searched as
+/// for an in-process plugin ([`crate::recall`]), the time it took the host's (the
+/// deadline moves by it).
+fn recall_reply(
+    frame: &mut Decoder<'_>,
+    ctx: &Context,
+    deadline: &mut Option<Instant>,
+) -> Decoded<codec::Encoder> {
+    let (query, limit) = (frame.str()?.to_string(), frame.u64()?);
+    frame.finish()?;
+    let asked = Instant::now();
+    let found = crate::recall::recall(ctx, &query, limit);
+    *deadline = deadline.map(|d| d + asked.elapsed());
+    let mut reply = framing::frame(framing::RECALLED);
+    match found {
+        Ok(found) => {
+            reply.u8(0);
+            reply.len(found.len());
+            for exchange in &found {
+                reply.u64(exchange.score.to_bits());
+                reply.len(exchange.messages.len());
+                for message in &exchange.messages {
+                    reply.message(message);
+                }
+            }
+        }
+        Err(reason) => {
+            reply.u8(1);
+            reply.str(&reason);
+        }
+    }
+    Ok(reply)
 }
 
 /// A worker that could not start for a call (under the deadline `limit`), in one line.

@@ -9,7 +9,9 @@
 //! the host's. A summary is the host's: `ctx.summarize()` sends a SUMMARIZE frame in the
 //! middle of the call and waits for the host's SUMMARY, answered by the host's summarizer
 //! and cache (the worker connects no `[summarizer]` of its own), within the call's
-//! deadline (docs/chain.md#isolation).
+//! deadline (docs/chain.md#isolation). So is a recall: `ctx.recall()` sends a RECALL
+//! frame and waits for the host's RECALLED, the exchanges of the call's session's
+//! transcript.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -22,8 +24,8 @@ use std::time::Duration;
 
 use abi_stable::{prefix_type::WithMetadata, staticref};
 use plugin_api::{
-    HostServices, HostServicesRef, LoadContext, LogLevel, Message, PluginBox, RArc, RResult, RSlice, RStr,
-    RString,
+    Context, HostServices, HostServicesRef, LoadContext, LogLevel, Message, PluginBox, RArc, RResult, RSlice,
+    RStr, RString, RVec, Recalled,
 };
 use rustc_hash::FxHashMap;
 
@@ -65,35 +67,78 @@ extern "C" fn summarize_through_host(
 }
 
 fn ask_host(text: &str, target_chars: u64, purpose: &str) -> Result<String, String> {
+    let mut frame = framing::frame(framing::SUMMARIZE);
+    frame.str(text);
+    frame.u64(target_chars);
+    frame.str(purpose);
+    ask("summary", frame, framing::SUMMARY, |reply| {
+        let ok = reply.u8()? == 0;
+        let text = reply.str()?.to_string();
+        Ok(if ok { Ok(text) } else { Err(text) })
+    })
+}
+
+/// The plugin's `recall`: asks the host, which searches the call's session's transcript
+/// (docs/chain.md#isolation), and waits for its answer.
+extern "C" fn recall_through_host(
+    _: &Context,
+    query: RStr<'_>,
+    limit: u64,
+) -> RResult<RVec<Recalled>, RString> {
+    let mut frame = framing::frame(framing::RECALL);
+    frame.str(query.as_str());
+    frame.u64(limit);
+    let answer = ask("recall", frame, framing::RECALLED, |reply| {
+        if reply.u8()? != 0 {
+            return Ok(Err(reply.str()?.to_string()));
+        }
+        let count = reply.len()?;
+        let mut found = Vec::with_capacity(count);
+        for _ in 0..count {
+            let score = f64::from_bits(reply.u64()?);
+            let messages = (0..reply.len()?)
+                .map(|_| reply.message())
+                .collect::<Decoded<RVec<_>>>()?;
+            found.push(Recalled { score, messages });
+        }
+        Ok(Ok(found))
+    });
+    match answer {
+        Ok(found) => RResult::ROk(found.into()),
+        Err(reason) => RResult::RErr(reason.into()),
+    }
+}
+
+/// Sends `frame`, a question to the host during a call (`what` it asks for), and decodes
+/// its answer, a frame of kind `reply_kind`, with `decode`.
+fn ask<T>(
+    what: &str,
+    frame: Encoder,
+    reply_kind: u8,
+    decode: impl FnOnce(&mut Decoder<'_>) -> Decoded<Result<T, String>>,
+) -> Result<T, String> {
     if !IN_CALL.load(Ordering::SeqCst) {
-        return Err("summarize was called outside a call of the plugin".to_string());
+        return Err(format!("{what} was asked for outside a call of the plugin"));
     }
     // One question at a time: the answer is the next frame on the pipe.
     let mut input = FRAMES_IN.lock().unwrap_or_else(|e| e.into_inner());
     let Some(input) = input.as_mut() else {
         return Err("the worker has no pipe to its host".to_string());
     };
-    let mut frame = framing::frame(framing::SUMMARIZE);
-    frame.str(text);
-    frame.u64(target_chars);
-    frame.str(purpose);
-    let gone = |_| "the host did not answer the summary request".to_string();
-    send(frame).map_err(gone)?;
+    let gone = || format!("the host did not answer the {what} request");
+    send(frame).map_err(|_| gone())?;
     // No deadline here: the host kills this worker when the call's deadline passes.
-    let answer = input
-        .read(None)
-        .map_err(|_| "the host did not answer the summary request".to_string())?;
-    let summary = (|| {
-        if answer.kind() != framing::SUMMARY {
+    let answer = input.read(None).map_err(|_| gone())?;
+    let decoded = (|| {
+        if answer.kind() != reply_kind {
             return Err(Malformed(format!("an unexpected frame {}", answer.kind())));
         }
         let mut reply = Decoder::new(answer.payload());
-        let ok = reply.u8()? == 0;
-        let text = reply.str()?.to_string();
+        let result = decode(&mut reply)?;
         reply.finish()?;
-        Ok(if ok { Ok(text) } else { Err(text) })
+        Ok(result)
     })();
-    summary.unwrap_or_else(|Malformed(why)| Err(format!("the host's answer was broken ({why})")))
+    decoded.unwrap_or_else(|Malformed(why)| Err(format!("the host's answer was broken ({why})")))
 }
 
 extern "C" fn log_to_host(level: LogLevel, message: RStr<'_>) {
@@ -112,6 +157,7 @@ impl Instance {
         count_content: services::count_content,
         log: log_to_host,
         summarize: summarize_through_host,
+        recall: recall_through_host,
     }));
 }
 

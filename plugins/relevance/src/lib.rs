@@ -12,11 +12,13 @@
 //! number (interned once per plugin instance), so a warm call on a long history hashes
 //! no text: per message one pointer lookup and a binary search per query word.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::HashSet;
 use std::sync::Mutex;
 
 use history_trim::Pins;
+use plugin_api::structure::Faults;
 use plugin_api::{
     ConfigError, ConfigTable, Context, Event, EventKind, HistoryPlugin, LoadContext, Message, Output, RArc,
     Role, DEFAULT_PER_MESSAGE_TOKENS,
@@ -25,6 +27,9 @@ use rustc_hash::FxHashMap;
 
 /// `recent` when the config does not set it.
 pub const DEFAULT_RECENT: u64 = 8;
+/// `recall_limit` when the config does not set it: the transcript's exchanges asked for
+/// per call with `from_transcript`.
+pub const DEFAULT_RECALL_LIMIT: u64 = 4;
 /// The stop words when `stop_words` is not set (BM25's shared definition).
 pub use history_bm25::DEFAULT_STOP_WORDS;
 use history_bm25::{idf, term_score};
@@ -83,6 +88,10 @@ pub struct Relevance {
     max_tokens: Option<u64>,
     min_score: f64,
     stop_words: HashSet<String>,
+    /// Draw older exchanges from the session's transcript too (`from_transcript`).
+    from_transcript: bool,
+    /// Exchanges asked of the transcript per call (`recall_limit`).
+    recall_limit: usize,
     cache: Mutex<TermCache>,
 }
 
@@ -176,23 +185,96 @@ impl Relevance {
         (lengths, counts)
     }
 
+    /// The newest user message's words, each once, without stop words: the query.
+    fn query(&self, history: &[RArc<Message>]) -> Vec<String> {
+        let Some(question) = history.iter().rev().find(|m| m.role == Role::User) else {
+            return Vec::new();
+        };
+        let mut query: Vec<String> = Vec::new();
+        for item in question.content.items() {
+            for word in words(item) {
+                if !self.stop_words.contains(&word) && !query.contains(&word) {
+                    query.push(word);
+                }
+            }
+        }
+        query
+    }
+
+    /// With `from_transcript`, in a session: the transcript's exchanges that match the
+    /// query and that the input lacks entirely, each whole and starting with a user
+    /// message (docs/plugins.md#relevance). A failed recall is logged and leaves the input
+    /// alone.
+    fn recalled(
+        &self,
+        history: &[RArc<Message>],
+        query: &[String],
+        ctx: &Context,
+    ) -> Vec<Vec<RArc<Message>>> {
+        if !self.from_transcript || ctx.session_id.is_none() || query.is_empty() || self.recall_limit == 0 {
+            return Vec::new();
+        }
+        let found = match ctx.recall(&query.join(" "), self.recall_limit) {
+            Ok(found) => found,
+            Err(reason) => {
+                ctx.log().warn(&format!(
+                    "from_transcript: {reason}; choosing within the history only"
+                ));
+                return Vec::new();
+            }
+        };
+        let origins: HashSet<u64> = history.iter().map(|m| m.origin()).collect();
+        found
+            .into_iter()
+            .map(|exchange| exchange.messages.into_vec())
+            .filter(|messages| {
+                messages.first().is_some_and(|m| m.role == Role::User)
+                    && messages.iter().all(|m| !origins.contains(&m.origin()))
+                    && Faults::of(messages).count() == 0
+            })
+            .collect()
+    }
+
     fn select(&self, history: &[RArc<Message>], ctx: &Context) -> Output {
+        // The query is read only when it is used: a history that fits needs none, unless
+        // the transcript is asked.
+        let asks_transcript = self.from_transcript && ctx.session_id.is_some();
+        let mut query = asks_transcript.then(|| self.query(history));
+        let recalled = match &query {
+            Some(words) => self.recalled(history, words, ctx),
+            None => Vec::new(),
+        };
         let pinned = history_trim::pinned_messages(history, self.pins);
+        // The history's messages, then the recalled exchanges' (each a unit of its own);
+        // without any, the history itself (not copied).
+        let mut units = history_trim::unpinned_units(history, &pinned);
+        let history_units = units.len();
+        let all: Cow<'_, [RArc<Message>]> = if recalled.is_empty() {
+            Cow::Borrowed(history)
+        } else {
+            let mut all = history.to_vec();
+            for exchange in recalled {
+                let from = all.len();
+                all.extend(exchange);
+                units.push((from..all.len()).collect());
+            }
+            Cow::Owned(all)
+        };
         let tokens = |i: usize| match self.max_tokens {
             Some(_) => ctx
                 .tokens()
-                .message(ctx.model.tokenizer, &history[i], DEFAULT_PER_MESSAGE_TOKENS),
+                .message(ctx.model.tokenizer, &all[i], DEFAULT_PER_MESSAGE_TOKENS),
             None => 0,
         };
-        let costs: Vec<u64> = (0..history.len()).map(tokens).collect();
+        let costs: Vec<u64> = (0..all.len()).map(tokens).collect();
         let unpinned_count = pinned.iter().filter(|p| !**p).count() as u64;
-        let total_tokens: u64 = costs.iter().sum();
+        let total_tokens: u64 = costs[..history.len()].iter().sum();
         let fits_tokens = |used: u64| self.max_tokens.is_none_or(|max| used <= max);
-        if unpinned_count <= ctx.effective_ctx && fits_tokens(total_tokens) {
+        let history_fits = unpinned_count <= ctx.effective_ctx && fits_tokens(total_tokens);
+        if history_fits && units.len() == history_units {
             return Output::unchanged(history);
         }
 
-        let units = history_trim::unpinned_units(history, &pinned);
         let pinned_tokens: u64 = (0..history.len()).filter(|&i| pinned[i]).map(|i| costs[i]).sum();
         let unit_tokens: Vec<u64> = units.iter().map(|u| u.iter().map(|&i| costs[i]).sum()).collect();
         let mut room = Room {
@@ -203,9 +285,9 @@ impl Relevance {
 
         // The newest `recent` units, as long as they fit.
         let mut keep = vec![false; units.len()];
-        let mut oldest_recent = units.len();
+        let mut oldest_recent = history_units;
         let mut recent_fit = true;
-        for unit in (0..units.len()).rev().take(self.recent) {
+        for unit in (0..history_units).rev().take(self.recent) {
             if !take(unit, &mut room) {
                 recent_fit = false;
                 break;
@@ -214,11 +296,17 @@ impl Relevance {
             oldest_recent = unit;
         }
 
-        // Then the older units that best match the newest user message.
-        let scores = self.scores(history, &units);
+        // Then the older units that best match the newest user message, the recalled
+        // exchanges among them, scored as one more unit each. When the history itself
+        // fits, its other older units follow, newest first: a recalled exchange displaces
+        // only the oldest that do not match (docs/plugins.md#relevance).
+        let query = query.get_or_insert_with(|| self.query(history));
+        let scores = self.scores(query, &all, &units);
+        let matches = |u: usize| scores[u] > 0.0 && scores[u] > self.min_score;
         if recent_fit {
             let mut candidates: Vec<usize> = (0..oldest_recent)
-                .filter(|&u| scores[u] > 0.0 && scores[u] > self.min_score)
+                .chain(history_units..units.len())
+                .filter(|&u| matches(u) || (history_fits && u < history_units))
                 .collect();
             candidates.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(b.cmp(&a)));
             for unit in candidates {
@@ -230,12 +318,17 @@ impl Relevance {
                 }
             }
         }
-
+        let recalled_keep = keep.split_off(history_units);
+        let (units, recalled_units) = units.split_at(history_units);
         // Start rule: the kept part starts with a user message unless the pinned user
         // message precedes it.
         let pinned_user = (0..history.len()).find(|&i| pinned[i] && history[i].role == Role::User);
         let starts_with_user = |u: usize| history[units[u][0]].role == Role::User;
         let preceded_by_pinned_user = |u: usize| pinned_user.is_some_and(|p| p < units[u][0]);
+        let pinned_ids: HashSet<u64> = (0..history.len())
+            .filter(|&i| pinned[i])
+            .map(|i| history[i].origin())
+            .collect();
         let mut start_dropped = vec![false; units.len()];
         for unit in 0..units.len() {
             if !keep[unit] {
@@ -308,32 +401,82 @@ impl Relevance {
                 "relevance: nothing that fits starts validly; kept the newest valid part",
             ));
         }
-        let kept = history
+        let mut kept: Vec<RArc<Message>> = history
             .iter()
             .zip(&kept_messages)
             .filter(|(_, keep)| **keep)
-            .map(|(m, _)| m.clone());
+            .map(|(m, _)| m.clone())
+            .collect();
+        let recalled: Vec<&[usize]> = recalled_units
+            .iter()
+            .zip(&recalled_keep)
+            .filter(|(_, keep)| **keep)
+            .map(|(members, _)| members.as_slice())
+            .collect();
+        self.insert_recalled(&mut kept, &all, &recalled, &pinned_ids, ctx, &mut events);
         Output::new(kept, events)
     }
 
-    /// Each unit's BM25 score against the newest user message's words (the query), with
-    /// every unit a document.
-    fn scores(&self, history: &[RArc<Message>], units: &[Vec<usize>]) -> Vec<f64> {
-        let Some(question) = history.iter().rev().find(|m| m.role == Role::User) else {
-            return vec![0.0; units.len()];
-        };
-        let mut query: Vec<String> = Vec::new();
-        for item in question.content.items() {
-            for word in words(item) {
-                if !self.stop_words.contains(&word) && !query.contains(&word) {
-                    query.push(word);
-                }
+    /// Puts each kept recalled exchange into `kept` in transcript order: before the first
+    /// unpinned message that entered after it (never between a call and its results, and
+    /// never after the question), so the history stays in the order it happened and whole.
+    fn insert_recalled(
+        &self,
+        kept: &mut Vec<RArc<Message>>,
+        all: &[RArc<Message>],
+        recalled: &[&[usize]],
+        pinned: &HashSet<u64>,
+        ctx: &Context,
+        events: &mut Vec<Event>,
+    ) {
+        let mut recalled = recalled.to_vec();
+        recalled.sort_by_key(|members| all[members[0]].origin());
+        for members in recalled {
+            let first = &all[members[0]];
+            let Some(mut at) = kept
+                .iter()
+                .position(|m| m.origin() > first.origin() && !pinned.contains(&m.origin()))
+            else {
+                continue;
+            };
+            // Never between a call and its results.
+            while kept.get(at).is_some_and(|m| m.role == Role::Tool) {
+                at += 1;
             }
+            if at == kept.len() {
+                continue;
+            }
+            let tokens: u64 = members
+                .iter()
+                .map(|&i| {
+                    ctx.tokens()
+                        .message(ctx.model.tokenizer, &all[i], DEFAULT_PER_MESSAGE_TOKENS)
+                })
+                .sum();
+            events.push(
+                Event::new(
+                    EventKind::MessageRecalled,
+                    ctx.turn,
+                    format!(
+                        "relevant again: {} messages of turn {} from the transcript",
+                        members.len(),
+                        first.turn
+                    ),
+                )
+                .at(at, first)
+                .saving(-i64::try_from(tokens).unwrap_or(i64::MAX)),
+            );
+            kept.splice(at..at, members.iter().map(|&i| all[i].clone()));
         }
+    }
+
+    /// Each unit's BM25 score against the newest user message's words (the `query`), with
+    /// every unit a document.
+    fn scores(&self, query: &[String], history: &[RArc<Message>], units: &[Vec<usize>]) -> Vec<f64> {
         if query.is_empty() || units.is_empty() {
             return vec![0.0; units.len()];
         }
-        let (lengths, counts) = self.unit_counts(history, units, &query);
+        let (lengths, counts) = self.unit_counts(history, units, query);
         let documents = units.len() as f64;
         let average = (lengths.iter().sum::<f64>() / documents).max(1.0);
         let idf: Vec<f64> = (0..query.len())
@@ -381,6 +524,14 @@ impl HistoryPlugin for Relevance {
             "stop_words",
             "words ignored when matching (default: a list of common English words)",
         ),
+        (
+            "from_transcript",
+            "in a session, also draw matching older exchanges from the whole transcript (default false)",
+        ),
+        (
+            "recall_limit",
+            "with from_transcript, the transcript's best exchanges considered per turn (default 4)",
+        ),
     ];
 
     fn new(load: &LoadContext) -> Result<Self, ConfigError> {
@@ -396,8 +547,12 @@ impl HistoryPlugin for Relevance {
             Some(words) => words.iter().map(|w| w.to_lowercase()).collect(),
             None => DEFAULT_STOP_WORDS.iter().map(|w| w.to_string()).collect(),
         };
+        let from_transcript = config.bool("from_transcript")?.unwrap_or(false);
+        let recall_limit = config.u64("recall_limit")?.unwrap_or(DEFAULT_RECALL_LIMIT);
         config.finish()?;
         Ok(Relevance {
+            from_transcript,
+            recall_limit: usize::try_from(recall_limit).unwrap_or(usize::MAX),
             pins,
             recent: usize::try_from(recent).unwrap_or(usize::MAX),
             max_tokens,
@@ -413,3 +568,6 @@ impl HistoryPlugin for Relevance {
 }
 
 plugin_api::export_plugin!(Relevance);
+
+#[cfg(test)]
+mod tests;

@@ -79,6 +79,9 @@ impl Settings {
 pub struct Retention {
     preserve_original: bool,
     placeholder: String,
+    /// The notes of a compaction (`annotation`, `summary_annotation`).
+    annotation: String,
+    summary_annotation: String,
     /// `[plugin.retention.tools.NAME]`: defaults for the results of tool NAME.
     tools: HashMap<String, Settings>,
     /// `[plugin.retention.override]`.
@@ -97,9 +100,32 @@ fn removed_tokens(ctx: &Context, tokenizer: Tokenizer, message: &Message) -> i64
     ctx.tokens().message(tokenizer, message, PER_MESSAGE_TOKENS) as i64
 }
 
-/// The annotated first-N-characters compaction of `text` (docs/plugins.md#retention), or `None` when the
-/// text is not longer than `length` characters.
+/// The note `first_n_chars` compaction appends when `annotation` is not set (seed 001's
+/// words). `{shown}`, `{total}` and `{id}` stand for the characters kept, the characters
+/// there were and the message's identity (docs/plugins.md#retention).
+pub const DEFAULT_ANNOTATION: &str =
+    "[Compacted: showing first {shown} of {total} characters. Agent can request expansion if needed.]";
+
+/// The note an `ai_summary` compaction starts with when `summary_annotation` is not set.
+pub const DEFAULT_SUMMARY_ANNOTATION: &str =
+    "[AI Summary of {total} characters. Agent can request expansion if needed.]";
+
+/// `template` with `{shown}`, `{total}` and `{id}` filled in.
+fn fill(template: &str, shown: u64, total: u64, id: &str) -> String {
+    template
+        .replace("{shown}", &shown.to_string())
+        .replace("{total}", &total.to_string())
+        .replace("{id}", id)
+}
+
+/// The `first_n_chars` compaction of `text` to `length` characters with the default
+/// annotation, and the characters `text` had; `None` when it is no longer than `length`.
 pub fn first_n_chars(text: &str, length: u64) -> Option<(String, u64)> {
+    first_n_chars_noted(text, length, DEFAULT_ANNOTATION, "")
+}
+
+/// [`first_n_chars`] with the note `annotation` for the message `id`.
+pub fn first_n_chars_noted(text: &str, length: u64, annotation: &str, id: &str) -> Option<(String, u64)> {
     let total = text.chars().count() as u64;
     if total <= length {
         return None;
@@ -110,17 +136,20 @@ pub fn first_n_chars(text: &str, length: u64) -> Option<(String, u64)> {
         .nth(length as usize)
         .map_or(text.len(), |(byte, _)| byte);
     Some((
-        format!(
-            "{}...\n\n[Compacted: showing first {length} of {total} characters. Agent can request expansion if needed.]",
-            &text[..cut]
-        ),
+        format!("{}...\n\n{}", &text[..cut], fill(annotation, length, total, id)),
         total,
     ))
 }
 
-/// The `ai_summary` compaction of a text of `total` characters (docs/plugins.md#retention).
+/// The `ai_summary` compaction of a text of `total` characters (docs/plugins.md#retention),
+/// with the default annotation.
 pub fn ai_summary(summary: &str, total: u64) -> String {
-    format!("[AI Summary of {total} characters. Agent can request expansion if needed.]\n\n{summary}")
+    ai_summary_noted(summary, total, DEFAULT_SUMMARY_ANNOTATION, "")
+}
+
+/// [`ai_summary`] with the note `annotation` for the message `id`.
+pub fn ai_summary_noted(summary: &str, total: u64, annotation: &str, id: &str) -> String {
+    format!("{}\n\n{summary}", fill(annotation, 0, total, id))
 }
 
 /// What happens to one message slot of the output.
@@ -133,7 +162,23 @@ impl Retention {
     /// A placeholder copy of `message`: content replaced, policy gone, marked `omitted` so
     /// nothing expires or replaces it again.
     fn placeholder(&self, message: &Message, tokens_saved: i64) -> Message {
-        message.omitted_copy(&self.placeholder, tokens_saved, false)
+        message.omitted_copy(&self.placeholder_text(message), tokens_saved, false)
+    }
+
+    /// The placeholder for `message`: `{id}` stands for its identity, the id the recall
+    /// tools take (docs/mcp.md#placeholders).
+    fn placeholder_text(&self, message: &Message) -> String {
+        if self.placeholder.contains("{id}") {
+            self.placeholder.replace("{id}", &message.identity())
+        } else {
+            self.placeholder.clone()
+        }
+    }
+
+    /// The tokens of `message`'s placeholder.
+    fn placeholder_tokens(&self, message: &Message, ctx: &Context) -> i64 {
+        ctx.tokens()
+            .text(ctx.model.tokenizer, &self.placeholder_text(message)) as i64
     }
 
     /// The expiration settings of a message, or `None` when it never expires.
@@ -190,7 +235,8 @@ impl Retention {
         ctx: &Context,
     ) -> Option<(String, u64, String)> {
         let text = message.content.text();
-        let (first, total) = first_n_chars(&text, length)?;
+        let id = message.identity();
+        let (first, total) = first_n_chars_noted(&text, length, &self.annotation, &id)?;
         let first_how = format!("compacted to the first {length} characters");
         if !ai_summary {
             return Some((first, total, first_how));
@@ -209,7 +255,7 @@ impl Retention {
         };
         match answer {
             Ok(summary) => Some((
-                self::ai_summary(&summary, total),
+                ai_summary_noted(&summary, total, &self.summary_annotation, &id),
                 total,
                 format!("summarized by the host's summarizer (ai_summary, at most {length} characters)"),
             )),
@@ -237,7 +283,15 @@ impl HistoryPlugin for Retention {
         ),
         (
             "placeholder",
-            "content of the placeholders it leaves (default \"[Omitted]\")",
+            "content of the placeholders it leaves (default \"[Omitted]\"); {id} stands for the message's id",
+        ),
+        (
+            "annotation",
+            "the note after a first_n_chars compaction; {shown}, {total}, {id} stand for the characters kept, the characters there were, the message's id",
+        ),
+        (
+            "summary_annotation",
+            "the note before an ai_summary compaction; {total}, {id} as for annotation",
         ),
         (
             "tools.NAME",
@@ -255,6 +309,12 @@ impl HistoryPlugin for Retention {
         let placeholder = config
             .string("placeholder")?
             .unwrap_or_else(|| plugin_api::DEFAULT_PLACEHOLDER.to_string());
+        let annotation = config
+            .string("annotation")?
+            .unwrap_or_else(|| DEFAULT_ANNOTATION.to_string());
+        let summary_annotation = config
+            .string("summary_annotation")?
+            .unwrap_or_else(|| DEFAULT_SUMMARY_ANNOTATION.to_string());
         let mut tools = HashMap::new();
         for (name, mut table) in config.tables("tools")? {
             let settings = Settings::read(&mut table)?;
@@ -274,6 +334,8 @@ impl HistoryPlugin for Retention {
         Ok(Retention {
             preserve_original,
             placeholder,
+            annotation,
+            summary_annotation,
             tools,
             overrides,
             disable_expiration,
@@ -286,7 +348,6 @@ impl HistoryPlugin for Retention {
         // The first user message of the history is the task (docs/plugins.md#shared-trimming-rules): never removed, only
         // replaced by a placeholder, so the history still starts with the user.
         let first_user = history.iter().position(|m| m.role == Role::User);
-        let placeholder_tokens = ctx.tokens().text(tokenizer, &self.placeholder) as i64;
         let mut slots: Vec<Slot> = history.iter().cloned().map(Slot::Keep).collect();
         let mut events: Vec<Event> = Vec::new();
 
@@ -359,7 +420,7 @@ impl HistoryPlugin for Retention {
                         .saving(removed_tokens(ctx, tokenizer, message)),
                     );
                 } else {
-                    let saved = before - placeholder_tokens;
+                    let saved = before - self.placeholder_tokens(message, ctx);
                     slots[index] = Slot::Keep(RArc::new(self.placeholder(message, saved)));
                     events.push(
                         Event::new(
@@ -436,7 +497,7 @@ impl HistoryPlugin for Retention {
                         );
                         *slot = Slot::Removed;
                     } else {
-                        let saved = before - placeholder_tokens;
+                        let saved = before - self.placeholder_tokens(message, ctx);
                         let mut copy = self.placeholder(message, saved);
                         copy.meta_mut().is_expired = ROption::RSome(true);
                         events.push(
@@ -524,5 +585,49 @@ mod tests {
         assert!(err(r#"{"override":{"disable_expiration":1}}"#).starts_with("override.disable_expiration:"));
         assert!(err(r#"{"placeholder":3}"#).starts_with("placeholder:"));
         assert!(err(r#"{"tools":{"x":3}}"#).starts_with("tools.x:"));
+    }
+
+    #[test]
+    fn the_annotation_and_the_placeholder_name_the_message_and_the_tool() {
+        // A session's history: the tool results of turn 1 have expired by turn 5.
+        let history = plugin_testing::history(
+            r#"[
+              {"role":"user","content":"Task: find the bug.","metadata":{"turn_added":1}},
+              {"role":"assistant","content":null,"tool_calls":[
+                {"id":"c1","type":"function","function":{"name":"read_log","arguments":"{}"}},
+                {"id":"c2","type":"function","function":{"name":"grep","arguments":"{}"}}],
+               "metadata":{"turn_added":1}},
+              {"role":"tool","tool_call_id":"c1","content":"a long log line that goes on and on","metadata":{"id":"s1-3","turn_added":1}},
+              {"role":"tool","tool_call_id":"c2","content":"grep output","metadata":{"turn_added":1}},
+              {"role":"user","content":"And now?","metadata":{"turn_added":5}}
+            ]"#,
+        );
+        let retention = Retention::new(&plugin_testing::load_context(
+            r#"{"annotation":"[Compacted: {shown} of {total} characters shown; call expand_message with id \"{id}\" to read it]",
+                "placeholder":"[Omitted: call expand_message with id \"{id}\" to read it]",
+                "tools":{"read_log":{"turns":2,"mode":"compact","compact_length":6},
+                         "grep":{"turns":2,"mode":"remove"}}}"#,
+        ))
+        .unwrap();
+        let ctx = plugin_testing::settings().turn(5).context();
+        let output = plugin_testing::process(&retention, &history, &ctx).unwrap();
+        assert_eq!(
+            output.history[2].content.text(),
+            "a long...\n\n[Compacted: 6 of 35 characters shown; call expand_message with id \"s1-3\" to read it]"
+        );
+        // Without a metadata id, the identity is `#` and the host's number.
+        assert_eq!(
+            output.history[3].content.text(),
+            "[Omitted: call expand_message with id \"#4\" to read it]"
+        );
+        // The defaults are seed 001's words.
+        let plain = Retention::new(&plugin_testing::load_context(
+            r#"{"tools":{"read_log":{"turns":2,"mode":"compact","compact_length":6}}}"#,
+        ))
+        .unwrap();
+        let output = plugin_testing::process(&plain, &history, &ctx).unwrap();
+        assert!(output.history[2].content.text().ends_with(
+            "[Compacted: showing first 6 of 35 characters. Agent can request expansion if needed.]"
+        ));
     }
 }

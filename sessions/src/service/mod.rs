@@ -495,7 +495,15 @@ impl Service {
                 },
                 now: now_ms(),
             };
+            // The session's transcript, for the plugins' `ctx.recall` during this
+            // operation (docs/abi.md#host-services).
+            let transcript = recall::TranscriptRecall {
+                store: service.store.clone(),
+                session: id.clone(),
+            };
+            let recall = history_engine::recall::provide(&id, Arc::new(transcript));
             let result = f(session, &env);
+            drop(recall);
             *slot.info.lock().unwrap_or_else(|e| e.into_inner()) =
                 SessionInfo::of(&session.row, session.working().len());
             // Counted only under a limit: without one nothing reads it, and the estimate

@@ -1,16 +1,17 @@
 //! What the agent asks for when the chain trimmed it (docs/mcp.md): the session's whole
 //! transcript searched by BM25, as `relevance` scores (`history-bm25`), and transcript
 //! messages by identity, e.g. the ones a summary's `summary_of` names. Expansion itself is
-//! the `!expand` command (`settings`).
+//! the `!expand` command (`settings`). The same search, by exchange, answers a plugin's
+//! `ctx.recall` during an operation on the session ([`TranscriptRecall`]).
 
 use std::sync::Arc;
 
 use history_wire::chat::parse_message;
-use plugin_api::Message;
+use plugin_api::{Message, RArc, Role};
 
 use super::Service;
 use crate::error::{ErrorKind, SessionError};
-use crate::store::TranscriptRow;
+use crate::store::{Store, TranscriptRow};
 
 /// The most transcript messages one search or lookup reads.
 const MAX_SCANNED: u64 = 100_000;
@@ -45,26 +46,9 @@ impl Service {
             ));
         }
         let messages = self.transcript_messages(id).await?;
-        let documents: Vec<Vec<String>> = messages
-            .iter()
-            .map(|found| {
-                found
-                    .message
-                    .token_items()
-                    .flat_map(history_bm25::words)
-                    .filter(|w| !history_bm25::DEFAULT_STOP_WORDS.contains(&w.as_str()))
-                    .collect()
-            })
-            .collect();
-        let scores = history_bm25::scores(&query, &documents);
-        let mut found: Vec<Recalled> = messages
+        let mut found: Vec<Recalled> = scored(messages, &query)
             .into_iter()
-            .zip(scores)
-            .filter(|(_, score)| *score > 0.0)
-            .map(|(mut found, score)| {
-                found.score = score;
-                found
-            })
+            .filter(|found| found.score > 0.0)
             .collect();
         // Best first; among equals the newer.
         found.sort_by(|a, b| b.score.total_cmp(&a.score).then(b.seq.cmp(&a.seq)));
@@ -105,12 +89,99 @@ impl Service {
     }
 }
 
+/// `messages`, each with its BM25 score against `query` (distinct words, no stop words),
+/// every message a document.
+fn scored(messages: Vec<Recalled>, query: &[String]) -> Vec<Recalled> {
+    let documents: Vec<Vec<String>> = messages
+        .iter()
+        .map(|found| {
+            found
+                .message
+                .token_items()
+                .flat_map(history_bm25::words)
+                .filter(|w| !history_bm25::DEFAULT_STOP_WORDS.contains(&w.as_str()))
+                .collect()
+        })
+        .collect();
+    let scores = history_bm25::scores(query, &documents);
+    messages
+        .into_iter()
+        .zip(scores)
+        .map(|(mut found, score)| {
+            found.score = score;
+            found
+        })
+        .collect()
+}
+
+/// A session's transcript as `ctx.recall` searches it (docs/abi.md#host-services): read
+/// from the store at each call, for the time of one operation on the session
+/// ([`history_engine::recall::provide`]).
+pub(crate) struct TranscriptRecall {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) session: String,
+}
+
+impl history_engine::recall::Transcript for TranscriptRecall {
+    fn recall(&self, query: &str, limit: usize) -> Result<Vec<plugin_api::Recalled>, String> {
+        let query = distinct_words(query);
+        if query.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .store
+            .transcript(&self.session, 1, MAX_SCANNED)
+            .map_err(|e| format!("the session's transcript could not be read: {e}"))?;
+        let messages = rows
+            .into_iter()
+            .map(recalled)
+            .collect::<Result<Vec<_>, SessionError>>()
+            .map_err(|e| e.to_string())?;
+        Ok(exchanges(scored(messages, &query), limit))
+    }
+}
+
+/// The `limit` best exchanges of a scored transcript, best first (among equals the newer):
+/// an exchange is a user message and every message after it up to the next user message
+/// (the messages before the first user message are one too), scored by its best message.
+fn exchanges(messages: Vec<Recalled>, limit: usize) -> Vec<plugin_api::Recalled> {
+    let mut all: Vec<(f64, Vec<Recalled>)> = Vec::new();
+    for found in messages {
+        match all.last_mut() {
+            Some((score, members)) if found.message.role != Role::User => {
+                *score = score.max(found.score);
+                members.push(found);
+            }
+            _ => all.push((found.score, vec![found])),
+        }
+    }
+    let mut best: Vec<(usize, f64)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, (score, _))| *score > 0.0)
+        .map(|(at, (score, _))| (at, *score))
+        .collect();
+    best.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+    best.truncate(limit);
+    best.into_iter()
+        .map(|(at, score)| plugin_api::Recalled {
+            score,
+            messages: std::mem::take(&mut all[at].1)
+                .into_iter()
+                .map(|found| RArc::new(found.message))
+                .collect(),
+        })
+        .collect()
+}
+
 fn recalled(row: TranscriptRow) -> Result<Recalled, SessionError> {
     let value: serde_json::Value = serde_json::from_str(&row.message)
         .map_err(|e| SessionError::new(ErrorKind::Store, format!("transcript message {}: {e}", row.seq)))?;
     let mut message = parse_message(&value)
         .map_err(|e| SessionError::new(ErrorKind::Store, format!("transcript message {}: {e}", row.seq)))?;
     message.set_origin(row.seq);
+    // The turn it entered on, as the working history's messages carry theirs.
+    message.turn = row.turn;
     Ok(Recalled {
         identity: message.identity(),
         seq: row.seq,

@@ -33,6 +33,7 @@ mod process_cli;
 mod properties;
 mod proxy;
 mod recall;
+mod recall_relevance;
 mod relevance;
 mod reload;
 mod responses;

@@ -3,7 +3,8 @@
 //! turns left the working history. The agent searches the whole transcript for a fact
 //! dropped 40 turns ago and finds it first, expands an omitted result (the session keeps
 //! it expanded) and reads messages by id. Through the proxy, a stand-in model calls
-//! `expand_message` and the proxy runs it (`[upstream] recall_tools`).
+//! `expand_message` and the proxy runs it (`[upstream] recall_tools`). `retention`'s
+//! compaction note names the id `expand_message` takes.
 
 use e2e_tests::python_client;
 use e2e_tests::server::{agent, shipped_config, Server};
@@ -227,4 +228,66 @@ fn through_the_proxy_the_model_recalls_an_omitted_result_and_the_client_sees_one
     // The session keeps the result expanded: its working history has the original.
     let working = server.history(&id, false).to_string();
     assert!(working.contains("contents of file_1.txt"), "{working}");
+}
+
+/// `retention`'s compaction note names the message and the tool (`annotation` with `{id}`,
+/// docs/mcp.md#placeholders), and the id it names is the one `expand_message` takes: the
+/// agent reads the note, expands the message over MCP, and the next turn sends it whole.
+#[test]
+fn a_compaction_note_names_the_id_that_expand_message_takes() {
+    const NOTE: &str = r#"annotation = "[Compacted: {shown} of {total} characters shown; call expand_message with id \"{id}\" to read it all]""#;
+    let retention = format!(
+        "[plugin.retention.tools.read_file]\nturns = 2\nmode = \"compact\"\ncompact_length = 20\n\n[plugin.retention]\n{NOTE}"
+    );
+    let config = shipped_config(
+        "",
+        &[
+            // Results keep their content in tool_result_filter, so retention compacts them.
+            (r#"strategy = "keep_last""#, r#"strategy = "keep_all""#),
+            ("[plugin.retention]", &retention),
+        ],
+    );
+    let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
+    let id = server.create("gpt-4o");
+    for turn in 1..=5 {
+        let answer = server.post(
+            &format!("/v1/sessions/{id}/turns"),
+            &json!({ "messages": turn_messages(turn) }),
+        );
+        assert_eq!(answer.status, 200, "{answer:?}\n{}", server.stderr());
+    }
+    let working = server.history(&id, false);
+    let compacted = working
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["tool_call_id"] == "c1")
+        .unwrap_or_else(|| panic!("{working}"));
+    let content = compacted["content"].as_str().unwrap();
+    let note = content
+        .strip_prefix("contents of file_1.t...\n\n[Compacted: 20 of 224 characters shown; call expand_message with id \"")
+        .and_then(|rest| rest.strip_suffix("\" to read it all]"))
+        .unwrap_or_else(|| panic!("{content}"));
+    assert!(note.starts_with(&format!("{id}-")), "{note}");
+
+    let out = mcp(
+        &server,
+        json!({"X-History-Session": id}),
+        json!([{"name": "expand_message", "arguments": {"id": note}}]),
+    );
+    let expand = &out["calls"][0];
+    assert_eq!(expand["is_error"], false, "{expand}");
+    let answer = server.post(
+        &format!("/v1/sessions/{id}/turns"),
+        &json!({ "messages": turn_messages(6) }),
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let sent = answer.body["history"].to_string();
+    assert!(
+        sent.contains(&format!(
+            "contents of file_1.txt: {}",
+            "data ".repeat(40).trim_end()
+        )),
+        "{sent}"
+    );
 }
