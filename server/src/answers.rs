@@ -194,7 +194,15 @@ pub(crate) fn turn_json(outcome: &TurnOutcome, shape: AnswerShape) -> String {
     // Neither can fail: strings, numbers and options of them.
     let head = serde_json::to_string(&head).unwrap_or_else(|_| "{}".to_string());
     let tail = serde_json::to_string(&tail).unwrap_or_else(|_| "{}".to_string());
-    let mut out = String::new();
+    // Sized for the sent history at about a kilobyte and a half a message (the bench's
+    // agent conversations average 1.3 KB): growing a string of hundreds of kilobytes by
+    // doubling copies it about twice over.
+    let messages = if shape.delta {
+        run.history.len() - run.prefix_kept.unwrap_or(0)
+    } else {
+        run.history.len()
+    };
+    let mut out = String::with_capacity(head.len() + tail.len() + 64 + messages * 1536);
     // `{"turn":…,"effective_ctx":…` + `,"history":[…]` + `,"working_size":…}`; each
     // message the last turn's answer carried too is copied from its text then
     // (history_engine::written).
