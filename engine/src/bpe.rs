@@ -79,8 +79,11 @@ pub(crate) struct Encoding {
     ranks: RankTable<'static>,
     /// The pattern worked by hand for ASCII (`o200k_base`'s, crate::bpe_ascii): a
     /// piece's end, or `None` where the regex must decide.
-    ascii: Option<fn(&[u8], usize) -> Option<usize>>,
+    ascii: Option<AsciiPiece>,
 }
+
+/// The end of the piece that starts at a position, or `None` (crate::bpe_ascii).
+type AsciiPiece = fn(&[u8], usize) -> Option<usize>;
 
 type NewCache = Box<dyn Fn() -> Cache + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
 
@@ -97,11 +100,7 @@ pub(crate) fn cl100k_base() -> &'static Encoding {
 }
 
 impl Encoding {
-    fn new(
-        pattern: &str,
-        ranks: &'static [u8],
-        ascii: Option<fn(&[u8], usize) -> Option<usize>>,
-    ) -> Encoding {
+    fn new(pattern: &str, ranks: &'static [u8], ascii: Option<AsciiPiece>) -> Encoding {
         let split = Regex::new(pattern).expect("a tiktoken pattern compiles");
         let for_caches = split.clone();
         Encoding {
