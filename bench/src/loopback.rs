@@ -109,8 +109,28 @@ impl Serve {
     /// Starts `HOST serve --config CONFIG --listen 127.0.0.1:0 ARGS…`, its log in `log`,
     /// and waits for its `listening on ADDR` line.
     pub fn start(host: &Path, config: &Path, args: &[&str], log: &Path) -> Result<Serve> {
+        Serve::start_under(&[], host, config, args, log)
+    }
+
+    /// [`Serve::start`] with the host run by `wrapper` (a command and its arguments, e.g.
+    /// `valgrind --tool=callgrind`; none when empty).
+    pub fn start_under(
+        wrapper: &[&str],
+        host: &Path,
+        config: &Path,
+        args: &[&str],
+        log: &Path,
+    ) -> Result<Serve> {
         let stderr = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut child = Command::new(host)
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(host);
+                command
+            }
+            None => Command::new(host),
+        };
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(config)
@@ -121,7 +141,7 @@ impl Serve {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", host.display()))?;
+            .map_err(|e| format!("cannot run {} {}: {e}", wrapper.join(" "), host.display()))?;
         let mut line = String::new();
         let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
         let Some(addr) = line.trim().strip_prefix("listening on ") else {

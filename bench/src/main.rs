@@ -131,9 +131,13 @@ usage: history-bench <command>
                                         a plugin's call in a worker process against
                                         in-process, at 1,000 messages
   serve --host FILE --plugin-dir DIR --floor-dir DIR [--json] [--sessions N] [--clients C] [--turns T]
-      [--store postgres://…] [--hosts H] [--time-cap S] [--reloads N]
+      [--store postgres://…] [--hosts H] [--time-cap S] [--reloads N] [--rate R]
+      [--callgrind [--callgrind-sessions N] [--callgrind-dir DIR]]
                                         a real serve under concurrent loopback clients:
-                                        turns/s, p50/p99, peak RSS, beside a floor;
+                                        turns/s, p50/p99, peak RSS, CPU per turn, beside a
+                                        floor; --rate R: the open loop, R turns/s on a
+                                        schedule, latency from each turn's slot;
+                                        --callgrind: the host's instructions per turn;
                                         --reloads N: the chain alone, N hot reloads during
                                         the load, turns inside them against the rest
   proxy --host FILE --plugin-dir DIR [--json] [--requests N] [--clients C] [--time-cap S]

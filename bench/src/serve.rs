@@ -35,6 +35,9 @@ use crate::cpu;
 use crate::loopback::{self, http_client, latency, round, Chain, HttpClient, Serve};
 use crate::{check_flags, flag, Result};
 
+mod callgrind;
+mod open_loop;
+
 /// A measured case: how many sessions, clients and turns.
 #[derive(Debug, Clone)]
 struct Case {
@@ -45,6 +48,11 @@ struct Case {
     /// `--sticky`: each session's turns go to one host, as a load balancer with session
     /// affinity routes them; otherwise they alternate between the hosts.
     sticky: bool,
+    /// `--rate R`: the open loop, R turns a second on a schedule (open_loop.rs); else
+    /// `clients` closed-loop clients, one request in flight each.
+    rate: Option<f64>,
+    /// `--answer`: the shape the clients ask each answer in.
+    answer: Answer,
 }
 
 /// The load, timing and store of a run.
@@ -78,8 +86,12 @@ pub fn serve(args: &[String]) -> Result<()> {
             "--time-cap",
             "--reloads",
             "--session-memory-mb",
+            "--rate",
+            "--callgrind-sessions",
+            "--callgrind-dir",
+            "--answer",
         ],
-        &["--json", "--sticky"],
+        &["--json", "--sticky", "--callgrind"],
     )?;
     let json_out = args.iter().any(|a| a == "--json");
     let store: Option<String> = flag(args, "--store")?;
@@ -110,17 +122,45 @@ pub fn serve(args: &[String]) -> Result<()> {
         return Err("--reloads N needs N ≥ 1 and one host (the bench reads one host's /metrics)".into());
     }
     let sticky = args.iter().any(|a| a == "--sticky");
-    let custom = ["--sessions", "--clients", "--turns"]
+    let rate: Option<f64> = flag(args, "--rate")?;
+    if let Some(rate) = rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(format!(
+                "--rate {rate}: expected turns a second, a number above 0"
+            ));
+        }
+        if reloads.is_some() || args.iter().any(|a| a == "--clients") {
+            return Err(
+                "--rate R sends each session's turns on a schedule: it takes no --clients and no --reloads"
+                    .into(),
+            );
+        }
+    }
+    let callgrind = callgrind::Options::from_args(args)?;
+    let answer = match flag::<String>(args, "--answer")? {
+        None => Answer::Full,
+        Some(name) => Answer::parse(&name)?,
+    };
+    let custom = ["--sessions", "--clients", "--turns", "--rate"]
         .iter()
         .any(|f| args.iter().any(|a| a == f));
     let cases = if custom || reloads.is_some() {
         let sessions = flag(args, "--sessions")?.unwrap_or(64usize);
         vec![Case {
-            name: format!("sessions_{sessions}"),
+            name: match rate {
+                Some(rate) => format!("sessions_{sessions}_rate_{rate}"),
+                None => format!("sessions_{sessions}"),
+            },
             sessions,
-            clients: flag(args, "--clients")?.unwrap_or(sessions.min(64)),
+            // The open loop has a connection per session: as many in flight as are due.
+            clients: match rate {
+                Some(_) => sessions,
+                None => flag(args, "--clients")?.unwrap_or(sessions.min(64)),
+            },
             turns: flag(args, "--turns")?.unwrap_or(50),
             sticky,
+            rate,
+            answer,
         }]
     } else {
         vec![
@@ -130,6 +170,8 @@ pub fn serve(args: &[String]) -> Result<()> {
                 clients: 64,
                 turns: 50,
                 sticky,
+                rate: None,
+                answer,
             },
             Case {
                 name: "live_1000".into(),
@@ -137,6 +179,8 @@ pub fn serve(args: &[String]) -> Result<()> {
                 clients: 64,
                 turns: 50,
                 sticky,
+                rate: None,
+                answer,
             },
         ]
     };
@@ -175,6 +219,12 @@ pub fn serve(args: &[String]) -> Result<()> {
             if settings.postgres.is_some() {
                 eprintln!("serve bench: … and on one host with SQLite");
                 sqlite_runs.insert(chain.name().to_string(), run_case(&sqlite, case, chain, 0)?);
+            }
+        }
+        if let Some(options) = &callgrind {
+            for chain in [Chain::Floor, Chain::Shipped] {
+                let counted = callgrind::instructions(&settings, case, chain, options)?;
+                runs[chain.name()]["instructions"] = counted;
             }
         }
         let ratio = |key: &str| {
@@ -222,9 +272,16 @@ pub fn serve(args: &[String]) -> Result<()> {
         "store": if settings.postgres.is_some() { "postgres" } else { "sqlite" },
         "hosts": settings.hosts,
         "routing": if sticky { "sticky" } else { "alternate" },
+        "answer": answer.name(),
         "machine_before": machine_before,
         "machine_after": loopback::machine(),
-        "targets": {"turns_per_s": 2000, "p99_ms": 20, "peak_rss_mb_1000_sessions": 300},
+        "targets": {
+            "turns_per_s": 2000,
+            "p99_ms": 20,
+            "peak_rss_mb_1000_sessions": 300,
+            "host_cpu_ms_per_turn": 0.5,
+            "open_loop_p99_ms_at_1000_per_s": 20,
+        },
         "cases": reports,
     });
     if json_out {
@@ -318,32 +375,7 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
         .plugin_dir
         .join(format!("serve-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let top_level = settings
-        .session_memory_mb
-        .map_or(String::new(), |mb| format!("session_memory_mb = {mb}"));
-    let (config, stages) = match chain {
-        Chain::Shipped => {
-            let stages = loopback::shipped_stages(&settings.plugin_dir)?;
-            (
-                loopback::write_config(&settings.plugin_dir, &stages, "serve", &top_level)?,
-                stages,
-            )
-        }
-        Chain::Floor => {
-            let fixture = settings
-                .floor_dir
-                .join(plugin_api::naming::library_file_name("default"));
-            if !fixture.exists() {
-                return Err(format!(
-                    "{} is missing: run the bench with `cargo xtask bench serve`",
-                    fixture.display()
-                ));
-            }
-            let config =
-                loopback::write_config(&settings.floor_dir, &["default".to_string()], "serve", &top_level)?;
-            (config, vec!["floor (built as default)".to_string()])
-        }
-    };
+    let (config, stages) = served_config(settings, chain, "serve", "")?;
     let database = match &settings.postgres {
         Some(url) => Some(postgres::Database::create(
             url,
@@ -423,7 +455,55 @@ fn run_case(settings: &Settings, case: &Case, chain: Chain, reloads: usize) -> R
         "peak_rss_mb": round(peak_rss, 1),
         "cpu_ms_per_turn": cpu_per_turn(&cpu_ms, load.latencies.len(), postgres),
         "reload": reload,
+        "open_loop": case.rate.map(|rate| json!({
+            "rate": rate,
+            "sent_late": load.sent_late,
+            "latency_from_send": latency(&load.from_send),
+        })),
     }))
+}
+
+/// The configuration a bench `serve` runs with `chain` (written into the plugin folder,
+/// or the floor's, under `label`; `history_extra`: more `[history]` keys), and the
+/// chain's stages.
+fn served_config(
+    settings: &Settings,
+    chain: Chain,
+    label: &str,
+    history_extra: &str,
+) -> Result<(PathBuf, Vec<String>)> {
+    let top_level = settings
+        .session_memory_mb
+        .map_or(String::new(), |mb| format!("session_memory_mb = {mb}"));
+    let (config, stages) = match chain {
+        Chain::Shipped => {
+            let stages = loopback::shipped_stages(&settings.plugin_dir)?;
+            (
+                loopback::write_config(&settings.plugin_dir, &stages, label, &top_level)?,
+                stages,
+            )
+        }
+        Chain::Floor => {
+            let fixture = settings
+                .floor_dir
+                .join(plugin_api::naming::library_file_name("default"));
+            if !fixture.exists() {
+                return Err(format!(
+                    "{} is missing: run the bench with `cargo xtask bench serve`",
+                    fixture.display()
+                ));
+            }
+            let config =
+                loopback::write_config(&settings.floor_dir, &["default".to_string()], label, &top_level)?;
+            (config, vec!["floor (built as default)".to_string()])
+        }
+    };
+    if !history_extra.is_empty() {
+        let text = std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+        let text = text.replacen("[history]\n", &format!("[history]\n{history_extra}\n"), 1);
+        std::fs::write(&config, text).map_err(|e| format!("{}: {e}", config.display()))?;
+    }
+    Ok((config, stages))
 }
 
 /// CPU milliseconds per turn of the hosts, the database server (PostgreSQL only) and the
@@ -568,6 +648,42 @@ struct Load {
     messages: usize,
     /// PostgreSQL round trips of every host while the turns ran (0 with SQLite).
     round_trips: u64,
+    /// The open loop only: each turn's latency from when it left (`latencies` counts
+    /// from its slot), and the turns that left late, behind their session's previous one.
+    from_send: Vec<Duration>,
+    sent_late: usize,
+}
+
+impl Load {
+    fn empty() -> Load {
+        Load {
+            latencies: Vec::new(),
+            sent: Vec::new(),
+            windows: Vec::new(),
+            elapsed: Duration::ZERO,
+            create: Duration::ZERO,
+            capped: false,
+            errors: 0,
+            first_error: None,
+            messages: 0,
+            round_trips: 0,
+            from_send: Vec::new(),
+            sent_late: 0,
+        }
+    }
+
+    /// Adds one client's (or session's) part.
+    fn absorb(&mut self, part: Load) {
+        self.latencies.extend(part.latencies);
+        self.sent.extend(part.sent);
+        self.from_send.extend(part.from_send);
+        self.sent_late += part.sent_late;
+        self.capped |= part.capped;
+        self.errors += part.errors;
+        if self.first_error.is_none() {
+            self.first_error = part.first_error;
+        }
+    }
 }
 
 /// The PostgreSQL round trips the hosts at `addrs` made so far, summed
@@ -597,14 +713,59 @@ async fn round_trips(client: &HttpClient, addrs: &[String]) -> Result<u64> {
     Ok(total)
 }
 
-/// One session's turns, as request bodies.
-fn session_turns(seed: u64, turns: usize) -> Vec<Bytes> {
+/// One session's turns, as request bodies asking for the answer in `answer`'s shape.
+fn session_turns(seed: u64, turns: usize, answer: Answer) -> Vec<Bytes> {
     let history = generate(turns, seed);
     split_turns(history, |m: &Value| m["role"] == "user")
         .into_iter()
         .take(turns)
-        .map(|messages| Bytes::from(json!({ "messages": messages }).to_string()))
+        .map(|messages| {
+            let mut body = json!({ "messages": messages });
+            if matches!(answer, Answer::Provider | Answer::ProviderDelta) {
+                body["form"] = json!("provider");
+            }
+            if matches!(answer, Answer::Delta | Answer::ProviderDelta) {
+                body["delta"] = json!(true);
+            }
+            Bytes::from(body.to_string())
+        })
         .collect()
+}
+
+/// `--answer`: the shape the clients ask a turn's answer in (docs/http-api.md#forms,
+/// docs/http-api.md#deltas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Answer {
+    /// The whole sent history with the host's metadata (the default).
+    #[default]
+    Full,
+    Provider,
+    /// The full form as a delta against the previous answer.
+    Delta,
+    ProviderDelta,
+}
+
+impl Answer {
+    fn parse(name: &str) -> Result<Answer> {
+        match name {
+            "full" => Ok(Answer::Full),
+            "provider" => Ok(Answer::Provider),
+            "delta" => Ok(Answer::Delta),
+            "provider-delta" => Ok(Answer::ProviderDelta),
+            other => Err(format!(
+                "--answer {other}: expected full, provider, delta or provider-delta"
+            )),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Answer::Full => "full",
+            Answer::Provider => "provider",
+            Answer::Delta => "delta",
+            Answer::ProviderDelta => "provider-delta",
+        }
+    }
 }
 
 /// Creates every session, then runs the turns: `clients` tasks, each sending the turns of
@@ -613,7 +774,7 @@ fn session_turns(seed: u64, turns: usize) -> Vec<Bytes> {
 async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Reload>) -> Result<Load> {
     // Built before the clock starts: generating is the bench's work, not the server's.
     let bodies: Vec<Vec<Bytes>> = (0..case.sessions)
-        .map(|s| session_turns(s as u64 + 1, case.turns))
+        .map(|s| session_turns(s as u64 + 1, case.turns, case.answer))
         .collect();
     let messages = bodies
         .iter()
@@ -646,39 +807,49 @@ async fn drive(addrs: &[String], case: &Case, cap: Duration, reload: Option<Relo
     let started = Instant::now();
     let local = tokio::task::LocalSet::new();
     let mut tasks = Vec::new();
-    for c in 0..case.clients {
-        let (client, bodies, ids, addrs) = (client.clone(), bodies.clone(), ids.clone(), addrs.clone());
-        let sessions: Vec<usize> = (c..case.sessions).step_by(case.clients).collect();
-        tasks.push(local.spawn_local(async move {
-            client_loop(&client, &addrs, &ids, &bodies, &sessions, sticky, deadline).await
-        }));
+    match case.rate {
+        Some(rate) => {
+            let schedule = open_loop::Schedule {
+                start: started,
+                rate,
+                sessions: case.sessions,
+                deadline,
+            };
+            for s in 0..case.sessions {
+                tasks.push(local.spawn_local(open_loop::session_loop(
+                    client.clone(),
+                    addrs.clone(),
+                    ids[s].clone(),
+                    bodies[s].clone(),
+                    s,
+                    sticky,
+                    schedule,
+                )));
+            }
+        }
+        None => {
+            for c in 0..case.clients {
+                let (client, bodies, ids, addrs) =
+                    (client.clone(), bodies.clone(), ids.clone(), addrs.clone());
+                let sessions: Vec<usize> = (c..case.sessions).step_by(case.clients).collect();
+                tasks.push(local.spawn_local(async move {
+                    client_loop(&client, &addrs, &ids, &bodies, &sessions, sticky, deadline).await
+                }));
+            }
+        }
     }
     let done = Rc::new(Cell::new(false));
     let reloader = reload
         .map(|reload| local.spawn_local(reloader(client.clone(), addrs[0].clone(), reload, done.clone())));
     let mut load = Load {
-        latencies: Vec::with_capacity(case.sessions * case.turns),
-        sent: Vec::with_capacity(case.sessions * case.turns),
-        windows: Vec::new(),
-        elapsed: Duration::ZERO,
         create,
-        capped: false,
-        errors: 0,
-        first_error: None,
         messages,
-        round_trips: 0,
+        ..Load::empty()
     };
     local
         .run_until(async {
             for task in tasks {
-                let part = task.await.map_err(|e| e.to_string())?;
-                load.latencies.extend(part.latencies);
-                load.sent.extend(part.sent);
-                load.capped |= part.capped;
-                load.errors += part.errors;
-                if load.first_error.is_none() {
-                    load.first_error = part.first_error;
-                }
+                load.absorb(task.await.map_err(|e| e.to_string())?);
             }
             load.elapsed = started.elapsed();
             done.set(true);
@@ -702,18 +873,7 @@ async fn client_loop(
     sticky: bool,
     deadline: Instant,
 ) -> Load {
-    let mut load = Load {
-        latencies: Vec::new(),
-        sent: Vec::new(),
-        windows: Vec::new(),
-        elapsed: Duration::ZERO,
-        create: Duration::ZERO,
-        capped: false,
-        errors: 0,
-        first_error: None,
-        messages: 0,
-        round_trips: 0,
-    };
+    let mut load = Load::empty();
     let rounds = sessions.iter().map(|&s| bodies[s].len()).max().unwrap_or(0);
     for turn in 0..rounds {
         for &s in sessions {
@@ -751,10 +911,13 @@ async fn client_loop(
 
 fn print_table(r: &Value) {
     println!(
-        "store: {}   hosts: {} ({})   machine before: {}   after: {}",
-        r["store"], r["hosts"], r["routing"], r["machine_before"], r["machine_after"]
+        "store: {}   hosts: {} ({})   answers: {}   machine before: {}   after: {}",
+        r["store"], r["hosts"], r["routing"], r["answer"], r["machine_before"], r["machine_after"]
     );
-    println!("targets: ≥ 2000 turns/s, p99 ≤ 20 ms, peak RSS ≤ 300 MB with 1000 live sessions");
+    println!(
+        "targets: ≥ 2000 turns/s, p99 ≤ 20 ms, peak RSS ≤ 300 MB with 1000 live sessions; \
+         host CPU ≤ 0.5 ms a turn; open loop at 1000 turns/s, 64 sessions: p99 ≤ 20 ms from the slot"
+    );
     for case in r["cases"].as_array().into_iter().flatten() {
         println!();
         println!(
@@ -786,6 +949,22 @@ fn print_table(r: &Value) {
                 "  CPU ms per turn, {name}: {}",
                 cpu_line(&case[name]["cpu_ms_per_turn"])
             );
+        }
+        for name in ["chain", "floor"] {
+            let open = &case[name]["open_loop"];
+            if !open.is_null() {
+                println!(
+                    "  open loop, {name}: {} turns/s offered; latency from the slot above; from the send p50 {} ms   p99 {} ms; {} sent late",
+                    open["rate"], open["latency_from_send"]["p50_ms"], open["latency_from_send"]["p99_ms"], open["sent_late"]
+                );
+            }
+            let counted = &case[name]["instructions"];
+            if !counted.is_null() {
+                println!(
+                    "  instructions per turn, {name}: {} (callgrind, {} turns on {} sessions)",
+                    counted["per_turn"], counted["turns"], counted["sessions"]
+                );
+            }
         }
         if r["store"] == "postgres" {
             println!(
@@ -896,7 +1075,7 @@ mod tests {
 
     #[test]
     fn a_sessions_turns_start_at_user_messages_and_are_bounded() {
-        let turns = session_turns(3, 5);
+        let turns = session_turns(3, 5, Answer::Full);
         assert_eq!(turns.len(), 5);
         for body in &turns {
             let value: Value = serde_json::from_slice(body).unwrap();

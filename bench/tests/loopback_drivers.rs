@@ -83,6 +83,33 @@ fn the_serve_and_proxy_drivers_report_every_turn_and_request() {
     );
     assert_eq!(case["chain"]["stages"][0], "default", "{case}");
 
+    // The open loop, the answers as deltas: every turn sent on its slot and answered,
+    // timed from the slot (so never less than from the send).
+    let mut args = vec!["serve", "--floor-dir", &floor_path];
+    args.extend(common);
+    args.extend([
+        "--sessions",
+        "3",
+        "--turns",
+        "4",
+        "--rate",
+        "200",
+        "--answer",
+        "delta",
+    ]);
+    let report = bench(&args);
+    assert_eq!(report["answer"], "delta", "{report}");
+    let case = &report["cases"][0];
+    for run in ["chain", "floor"] {
+        assert_eq!(case[run]["turns"], 12, "{run}: {case}");
+        assert_eq!(case[run]["errors"], 0, "{run}: {case}");
+        let open = &case[run]["open_loop"];
+        assert_eq!(open["rate"], 200.0, "{case}");
+        let from_slot = case[run]["latency"]["max_ms"].as_f64().unwrap();
+        let from_send = open["latency_from_send"]["max_ms"].as_f64().unwrap();
+        assert!(from_send > 0.0 && from_slot >= from_send, "{case}");
+    }
+
     let mut args = vec!["proxy"];
     args.extend(common);
     args.extend(["--requests", "10", "--clients", "2"]);

@@ -77,30 +77,37 @@ pub(crate) struct Encoding {
     /// counting in the serve bench.
     caches: Pool<Cache, NewCache>,
     ranks: RankTable<'static>,
+    /// The pattern worked by hand for ASCII (`o200k_base`'s, crate::bpe_ascii): a
+    /// piece's end, or `None` where the regex must decide.
+    ascii: Option<AsciiPiece>,
 }
+
+/// The end of the piece that starts at a position, or `None` (crate::bpe_ascii).
+type AsciiPiece = fn(&[u8], usize) -> Option<usize>;
 
 type NewCache = Box<dyn Fn() -> Cache + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
 
 /// The `o200k_base` encoding (its pattern is compiled on first use).
 pub(crate) fn o200k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
-    ENCODING.get_or_init(|| Encoding::new(O200K_PATTERN, O200K_RANKS))
+    ENCODING.get_or_init(|| Encoding::new(O200K_PATTERN, O200K_RANKS, Some(crate::bpe_ascii::o200k_piece)))
 }
 
 /// The `cl100k_base` encoding (its pattern is compiled on first use).
 pub(crate) fn cl100k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
-    ENCODING.get_or_init(|| Encoding::new(CL100K_PATTERN, CL100K_RANKS))
+    ENCODING.get_or_init(|| Encoding::new(CL100K_PATTERN, CL100K_RANKS, None))
 }
 
 impl Encoding {
-    fn new(pattern: &str, ranks: &'static [u8]) -> Encoding {
+    fn new(pattern: &str, ranks: &'static [u8], ascii: Option<AsciiPiece>) -> Encoding {
         let split = Regex::new(pattern).expect("a tiktoken pattern compiles");
         let for_caches = split.clone();
         Encoding {
             split,
             caches: Pool::new(Box::new(move || for_caches.create_cache())),
             ranks: RankTable::new(ranks),
+            ascii,
         }
     }
 
@@ -113,14 +120,10 @@ impl Encoding {
         let mut count = 0u64;
         let mut start = 0;
         while start < text.len() {
-            let input = Input::new(text).range(start..).anchored(Anchored::Yes);
-            // Every character starts a piece (the last branch takes any whitespace, the
-            // others everything else), so an anchored search always finds one.
-            let found = self
-                .split
-                .search_with(cache, &input)
-                .map_or(text.len(), |m| m.end());
-            let end = lookahead_end(text, start, found);
+            let end = match self.ascii.and_then(|piece| piece(text.as_bytes(), start)) {
+                Some(end) => end,
+                None => self.regex_piece(cache, text, start),
+            };
             let piece = &text.as_bytes()[start..end];
             count += match self.ranks.get(piece) {
                 Some(_) => 1,
@@ -129,6 +132,20 @@ impl Encoding {
             start = end;
         }
         count
+    }
+}
+
+impl Encoding {
+    /// The end of the piece at `start` by the regex, look-ahead done.
+    fn regex_piece(&self, cache: &mut Cache, text: &str, start: usize) -> usize {
+        let input = Input::new(text).range(start..).anchored(Anchored::Yes);
+        // Every character starts a piece (the last branch takes any whitespace, the
+        // others everything else), so an anchored search always finds one.
+        let found = self
+            .split
+            .search_with(cache, &input)
+            .map_or(text.len(), |m| m.end());
+        lookahead_end(text, start, found)
     }
 }
 
@@ -437,6 +454,35 @@ mod tests {
         assert_eq!(count(&"a".repeat(1_000_000)), 125_000);
         let dna = acgt(1_000_000, 11);
         assert_eq!(count(&dna), o200k(&dna));
+    }
+
+    #[test]
+    fn the_ascii_pieces_are_the_regexs() {
+        // Random text over the characters each branch turns on, ASCII and not: every
+        // piece the hand-made split gives is the regex's.
+        let alphabet: Vec<char> = "aZs'tRrEvVlLmMdD09 \t\n\r\x0b\x0c/.,!(_\x00\x7fé\u{a0}\u{17f}中²—"
+            .chars()
+            .collect();
+        let encoding = o200k_base();
+        let mut cache = encoding.caches.get();
+        let mut state = 7u64;
+        let mut decided = 0;
+        for _ in 0..20_000 {
+            let len = 1 + (next(&mut state) % 12) as usize;
+            let text: String = (0..len)
+                .map(|_| alphabet[(next(&mut state) % alphabet.len() as u64) as usize])
+                .collect();
+            let mut start = 0;
+            while start < text.len() {
+                let by_regex = encoding.regex_piece(&mut cache, &text, start);
+                if let Some(end) = crate::bpe_ascii::o200k_piece(text.as_bytes(), start) {
+                    assert_eq!(end, by_regex, "{text:?} from {start}");
+                    decided += 1;
+                }
+                start = by_regex;
+            }
+        }
+        assert!(decided > 20_000, "{decided} pieces decided by hand");
     }
 
     #[test]

@@ -891,6 +891,8 @@ impl SharedChain {
 pub(crate) struct PreviousSent<'a> {
     messages: &'a [RArc<Message>],
     bytes: Vec<std::cell::OnceCell<String>>,
+    /// The last message of a compared history that was written, and its bytes.
+    current: std::cell::RefCell<Option<(RArc<Message>, String)>>,
 }
 
 impl<'a> PreviousSent<'a> {
@@ -898,6 +900,7 @@ impl<'a> PreviousSent<'a> {
         PreviousSent {
             messages,
             bytes: messages.iter().map(|_| std::cell::OnceCell::new()).collect(),
+            current: std::cell::RefCell::new(None),
         }
     }
 
@@ -909,10 +912,31 @@ impl<'a> PreviousSent<'a> {
             .take_while(|((message, previous), bytes)| {
                 std::ptr::eq::<Message>(&***message, &***previous)
                     || ***message == ***previous
-                    || *bytes.get_or_init(|| history_wire::chat::message_to_string(previous))
-                        == history_wire::chat::message_to_string(message)
+                    || bytes
+                        .get_or_init(|| history_wire::chat::message_to_string(previous))
+                        .as_str()
+                        == &*self.written(message)
             })
             .count()
+    }
+
+    /// `message`'s bytes; the last one written is kept (with the message, so its
+    /// address stays its own): the stages of a run mostly end the prefix at the same
+    /// message, the turn's first new one, and writing it for each was a tenth of a
+    /// serve turn's instructions.
+    fn written(&self, message: &RArc<Message>) -> std::cell::Ref<'_, str> {
+        let same = self
+            .current
+            .borrow()
+            .as_ref()
+            .is_some_and(|(kept, _)| std::ptr::eq::<Message>(&**kept, &**message));
+        if !same {
+            *self.current.borrow_mut() =
+                Some((message.clone(), history_wire::chat::message_to_string(message)));
+        }
+        std::cell::Ref::map(self.current.borrow(), |current| {
+            current.as_ref().map_or("", |(_, text)| text.as_str())
+        })
     }
 }
 

@@ -29,6 +29,7 @@
 
 pub mod bounded;
 mod bpe;
+mod bpe_ascii;
 pub mod chain;
 /// The output check: plugin-api's, so a plugin's own tests run the same code.
 pub use plugin_api::check;

@@ -33,6 +33,15 @@ impl HistoryForm {
     }
 }
 
+/// How a turn's answer carries its sent history (docs/http-api.md#deltas): in `form`,
+/// whole (`history`) or, with `delta`, as what changed since the previous turn's answer
+/// (`delta: {base_turn, keep, append}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct AnswerShape {
+    pub(crate) form: HistoryForm,
+    pub(crate) delta: bool,
+}
+
 /// A message as its JSON value.
 pub(crate) fn message_json(message: &plugin_api::Message) -> Value {
     serde_json::from_str(&history_wire::chat::message_to_string(message)).unwrap_or(Value::Null)
@@ -65,6 +74,53 @@ pub(crate) fn event_json(plugin: &str, event: &plugin_api::Event) -> Value {
     })
 }
 
+/// An event in a turn's answer, with the plugin that reported it (as [`event_json`]).
+#[derive(serde::Serialize)]
+struct EventOut<'a> {
+    plugin: &'a str,
+    kind: &'a str,
+    turn: u64,
+    index: Option<u64>,
+    id: Option<&'a str>,
+    reason: &'a str,
+    tokens_saved: Option<i64>,
+}
+
+impl<'a> EventOut<'a> {
+    fn of(plugin: &'a str, event: &'a plugin_api::Event) -> EventOut<'a> {
+        EventOut {
+            plugin,
+            kind: event.kind.as_str(),
+            turn: event.turn,
+            index: event.index.into_option(),
+            id: event.id.as_ref().into_option().map(|s| s.as_str()),
+            reason: event.reason.as_str(),
+            tokens_saved: event.tokens_saved.into_option(),
+        }
+    }
+}
+
+/// A stage's figures in a turn's answer; `ingest` only when true.
+#[derive(serde::Serialize)]
+struct StatOut<'a> {
+    plugin: &'a str,
+    view: bool,
+    messages_in: usize,
+    messages_out: usize,
+    tokens_in: u64,
+    tokens_out: u64,
+    ms: f64,
+    prefix_kept: Option<usize>,
+    skipped: Option<&'a str>,
+    quarantined: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    ingest: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
 /// A model switch's result: `{model, effective_ctx, history}` (the working history).
 pub(crate) fn switch_json(outcome: &SwitchOutcome) -> Value {
     json!({
@@ -77,61 +133,111 @@ pub(crate) fn switch_json(outcome: &SwitchOutcome) -> Value {
 }
 
 /// A turn's result as JSON text: `{turn, model, effective_ctx, history, working_size, events, stats, prefix_kept, input_faults}`,
-/// its sent history in `form`.
-pub(crate) fn turn_json(outcome: &TurnOutcome, form: HistoryForm) -> String {
+/// its sent history in `shape` (`delta` instead of `history` for a delta).
+pub(crate) fn turn_json(outcome: &TurnOutcome, shape: AnswerShape) -> String {
     let run = &outcome.run;
-    let mut events = Vec::new();
-    let mut stats = Vec::new();
-    for (plugin, event) in outcome.switch.iter().flat_map(|s| s.events()).chain(run.events()) {
-        events.push(event_json(plugin, event));
-    }
-    for stage in &run.stages {
-        let mut stat = json!({
-            "plugin": stage.plugin,
-            "view": stage.view,
-            "messages_in": stage.messages_in,
-            "messages_out": stage.messages_out,
-            "tokens_in": stage.tokens_in,
-            "tokens_out": stage.tokens_out,
-            "ms": stage.elapsed.as_secs_f64() * 1000.0,
-            "prefix_kept": stage.prefix_kept,
-            "skipped": stage.skipped,
-            "quarantined": stage.quarantined,
-        });
-        if stage.ingest {
-            stat["ingest"] = Value::Bool(true);
-        }
-        stats.push(stat);
-    }
+    let events: Vec<EventOut<'_>> = outcome
+        .switch
+        .iter()
+        .flat_map(|s| s.events())
+        .chain(run.events())
+        .map(|(plugin, event)| EventOut::of(plugin, event))
+        .collect();
+    let stats: Vec<StatOut<'_>> = run
+        .stages
+        .iter()
+        .map(|stage| StatOut {
+            plugin: &stage.plugin,
+            view: stage.view,
+            messages_in: stage.messages_in,
+            messages_out: stage.messages_out,
+            tokens_in: stage.tokens_in,
+            tokens_out: stage.tokens_out,
+            ms: stage.elapsed.as_secs_f64() * 1000.0,
+            prefix_kept: stage.prefix_kept,
+            skipped: stage.skipped.as_deref(),
+            quarantined: stage.quarantined,
+            ingest: stage.ingest,
+        })
+        .collect();
     // The sent history is most of the answer: written straight as text, not parsed into
-    // a `Value` and serialized again. The members keep the order
-    // docs/http-api.md shows.
-    let head = json!({
-        "turn": outcome.turn,
-        "model": outcome.model.name.as_str(),
-        "effective_ctx": outcome.model.effective_ctx,
-    });
-    let tail = json!({
-        "working_size": run.working.len(),
-        "events": events,
-        "stats": stats,
-        "prefix_kept": run.prefix_kept,
-        "input_faults": run.input_faults,
-    });
-    let (head, tail) = (head.to_string(), tail.to_string());
-    let mut out = String::new();
+    // a `Value` and serialized again; the rest through serde's derives, not `Value`s
+    // (docs/sessions.md#answers). The members keep the order docs/http-api.md shows.
+    #[derive(serde::Serialize)]
+    struct Head<'a> {
+        turn: u64,
+        model: &'a str,
+        effective_ctx: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct Tail<'a> {
+        working_size: usize,
+        events: Vec<EventOut<'a>>,
+        stats: Vec<StatOut<'a>>,
+        prefix_kept: Option<usize>,
+        input_faults: &'a [String],
+    }
+    let head = Head {
+        turn: outcome.turn,
+        model: outcome.model.name.as_str(),
+        effective_ctx: outcome.model.effective_ctx,
+    };
+    let tail = Tail {
+        working_size: run.working.len(),
+        events,
+        stats,
+        prefix_kept: run.prefix_kept,
+        input_faults: &run.input_faults,
+    };
+    // Neither can fail: strings, numbers and options of them.
+    let head = serde_json::to_string(&head).unwrap_or_else(|_| "{}".to_string());
+    let tail = serde_json::to_string(&tail).unwrap_or_else(|_| "{}".to_string());
+    // Sized for the sent history at about a kilobyte and a half a message (the bench's
+    // agent conversations average 1.3 KB): growing a string of hundreds of kilobytes by
+    // doubling copies it about twice over.
+    let messages = if shape.delta {
+        run.history.len() - run.prefix_kept.unwrap_or(0)
+    } else {
+        run.history.len()
+    };
+    let mut out = String::with_capacity(head.len() + tail.len() + 64 + messages * 1536);
     // `{"turn":…,"effective_ctx":…` + `,"history":[…]` + `,"working_size":…}`; each
     // message the last turn's answer carried too is copied from its text then
     // (history_engine::written).
     out.push_str(&head[..head.len() - 1]);
-    out.push_str(",\"history\":");
-    match form {
-        HistoryForm::Full => history_engine::written::write_history(&mut out, &run.history, &run.working),
-        HistoryForm::Provider => out.push_str(&history_wire::chat::provider_history_to_string(&run.history)),
+    if shape.delta {
+        // The previous answer's first `keep` messages are this one's, byte for byte
+        // (`prefix_kept` compares the full form's bytes; the provider form writes a subset
+        // of the same fields, so it is kept as well). docs/http-api.md#deltas
+        let keep = run.prefix_kept.unwrap_or(0);
+        let base_turn = run.prefix_kept.map(|_| outcome.turn - 1);
+        out.push_str(&format!(
+            ",\"delta\":{{\"base_turn\":{},\"keep\":{keep},\"append\":",
+            base_turn.map_or("null".to_string(), |t| t.to_string())
+        ));
+        write_sent(&mut out, &run.history[keep..], &run.working, shape.form);
+        out.push('}');
+    } else {
+        out.push_str(",\"history\":");
+        write_sent(&mut out, &run.history, &run.working, shape.form);
     }
     out.push(',');
     out.push_str(&tail[1..]);
     out
+}
+
+/// `sent` (all or the end of a turn's sent history) as a JSON array in `form`; the full
+/// form copies each lasting message's text remembered from an earlier answer.
+fn write_sent(
+    out: &mut String,
+    sent: &[plugin_api::RArc<plugin_api::Message>],
+    working: &[plugin_api::RArc<plugin_api::Message>],
+    form: HistoryForm,
+) {
+    match form {
+        HistoryForm::Full => history_engine::written::write_history(out, sent, working),
+        HistoryForm::Provider => out.push_str(&history_wire::chat::provider_history_to_string(sent)),
+    }
 }
 
 /// A runtime command's answer (docs/sessions.md#runtime-commands, docs/http-api.md#endpoints).

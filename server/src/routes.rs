@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use crate::answers::{
     command_json, history_json_as, last_reload_json, session_json, switch_json, turn_json, turn_records_json,
-    HistoryForm,
+    AnswerShape, HistoryForm,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -231,12 +231,12 @@ async fn turn(
     Path(id): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let (input, form) = turn_body(&bytes(body)?)?;
+    let (input, shape) = turn_body(&bytes(body)?)?;
     let outcome = app.service.turn(&id, input).await?;
     // Already JSON text (turn_json writes the sent history straight out).
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        turn_json(&outcome, form),
+        turn_json(&outcome, shape),
     )
         .into_response())
 }
@@ -252,13 +252,24 @@ pub(crate) fn create_body(bytes: &[u8]) -> Result<(Option<String>, Option<Value>
 }
 
 /// `POST /v1/sessions/{id}/turns`: the turn's input, checked as far as it can be without
-/// the session, and the form its answer's history is written in.
-pub(crate) fn turn_body(bytes: &[u8]) -> Result<(TurnInput, HistoryForm)> {
+/// the session, and the shape its answer's history is written in (its form, whole or a
+/// delta).
+pub(crate) fn turn_body(bytes: &[u8]) -> Result<(TurnInput, AnswerShape)> {
     let body = object(bytes)?;
-    only(&body, &["messages", "model", "context", "form"])?;
+    only(&body, &["messages", "model", "context", "form", "delta"])?;
     let form = match string_member(&body, "form")? {
         None => HistoryForm::Full,
         Some(name) => HistoryForm::parse(&name).map_err(ApiError::bad_input)?,
+    };
+    let delta = match body.get("delta") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(delta)) => *delta,
+        Some(other) => {
+            return Err(ApiError::bad_input(format!(
+                "delta: expected true or false, found {}",
+                history_engine::echo::json(other)
+            )))
+        }
     };
     let messages = match body.get("messages") {
         None => return Err(ApiError::bad_input("missing \"messages\"")),
@@ -277,7 +288,7 @@ pub(crate) fn turn_body(bytes: &[u8]) -> Result<(TurnInput, HistoryForm)> {
         model: string_member(&body, "model")?,
         context,
     };
-    Ok((input, form))
+    Ok((input, AnswerShape { form, delta }))
 }
 
 async fn model(

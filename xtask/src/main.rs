@@ -13,10 +13,13 @@
 //!                                      and the floor fixture into target/bench-plugins,
 //!                                      measure the chain
 //! cargo xtask bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL]
-//!                         [--reloads N] [--session-memory-mb N] [--sticky]
+//!                         [--reloads N] [--session-memory-mb N] [--sticky] [--rate R]
+//!                         [--callgrind [--callgrind-sessions N] [--callgrind-dir DIR]]
 //!                                      the same build, then a real serve under concurrent
-//!                                      loopback clients, beside a pass-through floor; or
-//!                                      N hot reloads during the load (--reloads)
+//!                                      loopback clients, beside a pass-through floor (or
+//!                                      an open loop at R turns/s; instructions per turn
+//!                                      under callgrind); or N hot reloads during the
+//!                                      load (--reloads)
 //! cargo xtask bench proxy [--json]     the same build, then serve --upstream against a
 //!                                      stand-in upstream, beside calling it directly
 //! cargo xtask fuzz [--time S] [--target NAME] [--seed N]
@@ -103,10 +106,13 @@ usage: cargo xtask <task>
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
   bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
-              [--reloads N] [--session-memory-mb N] [--sticky]
+              [--reloads N] [--session-memory-mb N] [--sticky] [--rate R]
+              [--callgrind [--callgrind-sessions N] [--callgrind-dir DIR]]
                               the same build, then a real serve driven by concurrent
-                              loopback clients: turns/s, p50/p99, peak RSS, beside a
-                              pass-through floor (docs/sessions.md#performance); with
+                              loopback clients: turns/s, p50/p99, peak RSS, CPU per
+                              turn, beside a pass-through floor (docs/sessions.md#performance);
+                              --rate R: an open loop at R turns/s, latency from each
+                              turn's slot; --callgrind: instructions per turn; with
                               --reloads N, N hot reloads during the load instead
                               (docs/chain.md#hot-reload);
                               --store postgres://… also one SQLite host in the same run,

@@ -177,6 +177,28 @@ impl AsyncWrite for Shared {
         }
     }
 
+    /// Vectored, so hyper queues an answer's body beside its head instead of copying
+    /// both into one buffer first (a turn's answer is hundreds of kilobytes,
+    /// docs/sessions.md#answers).
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        loop {
+            ready!(self.tcp.poll_write_ready(cx))?;
+            match self.tcp.try_write_vectored(data) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
     }

@@ -103,7 +103,7 @@ impl Session {
             std::mem::size_of::<Message>() + message.token_items().map(str::len).sum::<usize>() + original
         }
         let address = |m: &RArc<Message>| std::ptr::from_ref::<Message>(m) as usize;
-        let working: std::collections::HashSet<usize> = self.working.iter().map(address).collect();
+        let working: rustc_hash::FxHashSet<usize> = self.working.iter().map(address).collect();
         let sent_only: usize = self
             .last_sent
             .iter()

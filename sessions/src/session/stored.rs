@@ -199,7 +199,7 @@ impl Session {
                 })
                 .collect::<Vec<u64>>()
         };
-        let kept: std::collections::HashSet<u64> = copies(refs)
+        let kept: rustc_hash::FxHashSet<u64> = copies(refs)
             .into_iter()
             .chain(sent_copies.iter().copied())
             .collect();
@@ -233,7 +233,7 @@ pub(super) fn sent_entries(
 
 /// `messages` by identity, each with its store entry (`refs`, in step).
 fn by_origin(messages: &[RArc<Message>], refs: &[WorkingRef]) -> Known {
-    let mut known: Known = HashMap::with_capacity(messages.len());
+    let mut known: Known = HashMap::with_capacity_and_hasher(messages.len(), Default::default());
     for (message, reference) in messages.iter().zip(refs) {
         known
             .entry(message.origin())
@@ -291,8 +291,9 @@ pub(super) fn copies_of(entries: &[SentEntry]) -> Vec<u64> {
     copies
 }
 
-/// Messages by identity (their origin), each with its store entry ([`entry_of`]).
-pub(super) type Known = HashMap<u64, Vec<(RArc<Message>, WorkingRef)>>;
+/// Messages by identity (their origin), each with its store entry ([`entry_of`]); built
+/// twice a turn over the whole working history, so hashed with FxHash.
+pub(super) type Known = HashMap<u64, Vec<(RArc<Message>, WorkingRef)>, rustc_hash::FxBuildHasher>;
 
 /// What storing a working history writes ([`Session::working_update`]).
 pub(super) struct WorkingUpdate {

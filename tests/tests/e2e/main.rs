@@ -45,6 +45,7 @@ mod sessions_chat;
 mod sessions_commands;
 mod sessions_hosts;
 mod sessions_http;
+mod sessions_http_delta;
 mod sessions_load;
 mod sessions_store;
 mod store_outage;
