@@ -174,7 +174,9 @@ fn build(root: &Path, profile: Profile) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     let root = workspace::current_root()?;
     build(&root, Profile::Dev)?;
-    python_env(&Metadata::load(&root)?.target_dir)?;
+    let target_dir = Metadata::load(&root)?.target_dir;
+    python_env(&target_dir)?;
+    python_sdk(&root, &target_dir)?;
     run(cargo()
         .current_dir(&root)
         .args(["test", "--workspace"])
@@ -207,6 +209,21 @@ fn python_env(target_dir: &Path) -> Result<()> {
     run(Command::new(venv.join("bin").join("pip"))
         .args(["install", "--quiet"])
         .args(PYTHON_CLIENTS))
+}
+
+/// The Python SDK (`sdk/python`, docs/process-plugins.md#the-python-sdk): installed into
+/// the tests' virtualenv as its users install it (`pip install ./sdk/python`, every run,
+/// so the e2e tests' plugins use this tree's SDK), then its own tests, whose test helper
+/// runs the host's output check through the built `history-host`.
+fn python_sdk(root: &Path, target_dir: &Path) -> Result<()> {
+    let bin = target_dir.join("py").join("bin");
+    run(Command::new(bin.join("pip"))
+        .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
+        .arg(root.join("sdk").join("python")))?;
+    run(Command::new(bin.join("python"))
+        .args(["-m", "unittest", "discover", "-s"])
+        .arg(root.join("sdk").join("python").join("tests"))
+        .env("HISTORY_HOST", target_dir.join("debug").join("history-host")))
 }
 
 /// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it

@@ -29,6 +29,7 @@ mod isolation;
 mod media;
 mod metrics;
 mod process_cli;
+mod process_plugins;
 mod properties;
 mod proxy;
 mod recall;
