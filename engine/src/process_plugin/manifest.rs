@@ -35,6 +35,8 @@ pub struct Manifest {
     /// that are files beside it and `files`. What hot reload fingerprints and what
     /// `agentctl install` copies.
     pub files: Vec<PathBuf>,
+    /// `description`, what `agentctl plugins` shows.
+    pub description: Option<String>,
 }
 
 impl Manifest {
@@ -47,7 +49,14 @@ impl Manifest {
         let doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
             format!("not valid TOML: {}", e.to_string().lines().next().unwrap_or_default())
         })?;
-        let dir = path.parent().unwrap_or(Path::new("."));
+        // Absolute, so the command's files mean the same from any working folder.
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let dir = std::fs::canonicalize(dir).map_err(|e| format!("cannot read its folder: {e}"))?;
+        let dir = dir.as_path();
+        let path = &dir.join(path.file_name().unwrap_or_default());
         for (key, _) in doc.iter() {
             if !["protocol", "command", "files", "description"].contains(&key) {
                 return Err(format!(
@@ -103,11 +112,13 @@ impl Manifest {
         }
         files.sort();
         files.dedup();
+        let description = doc.get("description").and_then(|v| v.as_str()).map(str::to_string);
         Ok(Manifest {
             name,
             path: path.to_path_buf(),
             command,
             files,
+            description,
         })
     }
 }

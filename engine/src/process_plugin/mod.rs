@@ -166,15 +166,31 @@ impl ProcessPlugin {
                     }
                 }
             });
+        let last_words = std::sync::Arc::new(Mutex::new(String::new()));
+        let last = last_words.clone();
         let _ = std::thread::Builder::new()
             .name(format!("plugin-{name}-err"))
             .spawn(move || {
                 // stderr into the host's log, a line at a time (docs/process-plugins.md#logs).
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     crate::logging::log_plugin_line(&name, LogLevel::Warn, &line);
+                    if !line.trim().is_empty() {
+                        *last.lock().unwrap_or_else(|e| e.into_inner()) = line;
+                    }
                 }
             });
         let mut running = Running { child, stdin, lines };
+        // A program that dies before it is ready usually said why on stderr (a traceback's
+        // last line): the refusal carries it.
+        let said = || {
+            std::thread::sleep(Duration::from_millis(20));
+            let line = last_words.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if line.is_empty() {
+                String::new()
+            } else {
+                format!(" (its stderr's last line: {})", echo::text(&line))
+            }
+        };
         let mut hello = self.hello.clone();
         hello.push('\n');
         if running.stdin.write_all(hello.as_bytes()).and_then(|_| running.stdin.flush()).is_err() {
@@ -191,7 +207,8 @@ impl ProcessPlugin {
                     )))
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(StartFailure::Failed(format!("it {} before it was ready", running.ended())))
+                    let ended = running.ended();
+                    return Err(StartFailure::Failed(format!("it {ended} before it was ready{}", said())));
                 }
             };
             match protocol::read_line(&line, &[]) {
@@ -308,4 +325,21 @@ pub fn check_result(input_json: &str, result_json: &str) -> Result<Output, Strin
     let faults = plugin_api::structure::Faults::of(&input).count();
     plugin_api::check::check_stage(&input, faults, &output.history)?;
     Ok(output)
+}
+
+/// Starts `manifest`'s program with plugin `manifest.name`'s table in `config`, and ends
+/// it: its version, or why it does not start or refuses its table (one line). What
+/// `agentctl install` checks before it copies a process plugin.
+pub fn check_program(config: &crate::Config, manifest: &Manifest) -> Result<String, String> {
+    let load = crate::library::load_context(config, &manifest.name);
+    match ProcessPlugin::start(manifest, &load.config_json, load.agent_max_ctx, &load.models) {
+        Ok(plugin) => Ok(plugin.version().to_string()),
+        Err(StartFailure::Config(err)) => Err(format!(
+            "it refuses its [plugin.{}] table in {}: {}",
+            manifest.name,
+            config.file.display(),
+            crate::library::table_error(config, &manifest.name, &err)
+        )),
+        Err(StartFailure::Failed(why)) => Err(why),
+    }
 }

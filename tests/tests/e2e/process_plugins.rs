@@ -260,3 +260,53 @@ fn hot_reload_picks_up_an_edited_script() {
     assert_eq!(last(&turn(&server, &id, "two")), j!("two [v2]"));
     assert!(server.stop().success());
 }
+
+#[test]
+fn agentctl_installs_a_manifest_with_its_files_and_lists_its_kind() {
+    let plugins = plugin_dir_with(&[]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\"]\n",
+        plugins.path().display().to_string()
+    ));
+    let manifest = workspace_root().join("examples/process-plugins/keep_recent.plugin.toml");
+    let manifest = manifest.to_str().unwrap();
+    let output = e2e_tests::agentctl(&config.path, &["install", manifest], &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    for file in ["keep_recent.plugin.toml", "keep_recent.mjs", "keep_recent.d.ts"] {
+        assert!(plugins.path().join(file).is_file(), "{file} installed");
+    }
+    let again = e2e_tests::agentctl(&config.path, &["install", manifest], &[]);
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("is already installed, identical"),
+        "{}",
+        describe(&again)
+    );
+    let added = e2e_tests::agentctl(&config.path, &["history-chain-add", "keep_recent"], &[]);
+    assert!(added.status.success(), "{}", describe(&added));
+    // Its table is checked by the program itself, through the handshake.
+    let refused = e2e_tests::agentctl(&config.path, &["plugin-set", "keep_recent", "keep", "0"], &[]);
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("[plugin.keep_recent] keep: must be a whole number of at least 1"),
+        "{}",
+        describe(&refused)
+    );
+    let listed = e2e_tests::agentctl(&config.path, &["--json", "plugins"], &[]);
+    let listed = json(&String::from_utf8_lossy(&listed.stdout));
+    let kinds: Vec<(&str, &str, bool)> = listed["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["kind"].as_str().unwrap(), p["loads"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(kinds, [("default", "library", true), ("keep_recent", "program", true)]);
+    // A different file under its name is a clash, refused unless --force.
+    std::fs::write(plugins.path().join("keep_recent.d.ts"), "// changed\n").unwrap();
+    let clash = e2e_tests::agentctl(&config.path, &["install", manifest], &[]);
+    assert!(
+        String::from_utf8_lossy(&clash.stderr).contains("a different file is already installed"),
+        "{}",
+        describe(&clash)
+    );
+    let forced = e2e_tests::agentctl(&config.path, &["install", "--force", manifest], &[]);
+    assert!(forced.status.success(), "{}", describe(&forced));
+}
