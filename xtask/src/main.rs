@@ -100,6 +100,9 @@ usage: cargo xtask <task>
                               measure the chain against its floor
   bench --isolated [--calls N] the same build, then an isolated plugin's call against
                               in-process at 1,000 messages (docs/chain.md#isolation)
+  bench --process [--calls N] the same build, then a pass-through Python process plugin's
+                              call against the cdylib floor at 200 and 1,000 messages
+                              (docs/process-plugins.md#cost)
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
   bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
@@ -217,13 +220,18 @@ fn python_env(target_dir: &Path) -> Result<()> {
 /// runs the host's output check through the built `history-host`.
 fn python_sdk(root: &Path, target_dir: &Path) -> Result<()> {
     let bin = target_dir.join("py").join("bin");
-    run(Command::new(bin.join("pip"))
-        .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
-        .arg(root.join("sdk").join("python")))?;
+    install_sdk(root, target_dir)?;
     run(Command::new(bin.join("python"))
         .args(["-m", "unittest", "discover", "-s"])
         .arg(root.join("sdk").join("python").join("tests"))
         .env("HISTORY_HOST", target_dir.join("debug").join("history-host")))
+}
+
+/// `pip install ./sdk/python` into the tests' virtualenv.
+fn install_sdk(root: &Path, target_dir: &Path) -> Result<()> {
+    run(Command::new(target_dir.join("py").join("bin").join("pip"))
+        .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
+        .arg(root.join("sdk").join("python")))
 }
 
 /// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it
@@ -389,6 +397,20 @@ fn bench(args: &[String]) -> Result<()> {
         return history_bench(
             &root,
             &["big", "--host", &host, "--plugin-dir", &plugin_dir],
+            &rest,
+        );
+    }
+    if let Some(at) = args.iter().position(|a| a == "--process") {
+        // A pass-through Python process plugin against the cdylib floor
+        // (bench/src/process_plugin.rs), on this tree's SDK.
+        let mut rest = args.to_vec();
+        rest.remove(at);
+        python_env(&metadata.target_dir)?;
+        install_sdk(&root, &metadata.target_dir)?;
+        let python = metadata.target_dir.join("py/bin/python").display().to_string();
+        return history_bench(
+            &root,
+            &["process", "--plugin-dir", &plugin_dir, "--python", &python],
             &rest,
         );
     }
