@@ -31,6 +31,7 @@ use std::process::{Command, ExitCode};
 
 mod install;
 mod scaffold;
+mod scaffold_python;
 mod tidy;
 mod workspace;
 
@@ -93,6 +94,9 @@ usage: cargo xtask <task>
                               anthropic and mcp clients) if missing, then run every test:
                               cargo test --workspace ARGS...
   new-plugin NAME [--dir DIR] scaffold a plugin crate in plugins/NAME (or standalone in DIR)
+  new-plugin NAME --python [--dir DIR]
+                              scaffold a Python process plugin (manifest, script, test) in
+                              DIR (default ./NAME), docs/process-plugins.md
   gen-history [--turns N] [--seed S]
                               print a generated agent history (JSON array) to stdout
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
@@ -250,12 +254,14 @@ fn fuzz(args: &[String]) -> Result<()> {
 }
 
 fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
-    const USAGE: &str = "new-plugin: usage: cargo xtask new-plugin NAME [--dir DIR]";
+    const USAGE: &str = "new-plugin: usage: cargo xtask new-plugin NAME [--python] [--dir DIR]";
     let mut name = None;
     let mut dir = None;
+    let mut python = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--python" => python = true,
             "--dir" => {
                 let folder = args
                     .next()
@@ -267,6 +273,18 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
         }
     }
     let name = name.ok_or(Failure::Usage(USAGE.into()))?;
+    if python {
+        let dir = dir.unwrap_or_else(|| PathBuf::from(name));
+        let created = scaffold_python::new_python_plugin(name, &dir)?;
+        eprintln!(
+            "created process plugin {name} in {}
+next: pip install ./sdk/python; HISTORY_HOST=target/debug/history-host python3 -m unittest discover -s {}; agentctl install {}; agentctl history-chain-add {name}",
+            created.display(),
+            created.display(),
+            created.join(format!("{name}.plugin.toml")).display()
+        );
+        return Ok(());
+    }
     let root = workspace::current_root()?;
     let created = scaffold::new_plugin(&root, name, dir.as_deref())?;
     eprintln!("created plugin crate {}", created.display());

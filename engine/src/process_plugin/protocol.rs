@@ -37,7 +37,7 @@ fn model(model: &ModelInfo) -> Value {
 
 /// A call line: `process`, or with `switch` `on_model_switch`, with the context, the
 /// messages in the host's wire format and each one's tokens, counted by the host with the
-/// call's model's tokenizer (no call back to the host: docs/process-plugins.md#tokens).
+/// call's model's tokenizer (no call back to the host: docs/process-plugins.md#calls).
 pub(crate) fn call(
     id: u64,
     history: &[RArc<Message>],

@@ -310,3 +310,36 @@ fn agentctl_installs_a_manifest_with_its_files_and_lists_its_kind() {
     let forced = e2e_tests::agentctl(&config.path, &["install", "--force", manifest], &[]);
     assert!(forced.status.success(), "{}", describe(&forced));
 }
+
+#[test]
+fn new_plugin_python_scaffolds_a_plugin_whose_test_passes_and_that_runs_in_a_chain() {
+    let xtask = target_dir().join("debug").join("xtask");
+    assert!(xtask.exists(), "{} is built by `cargo xtask`", xtask.display());
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("my_filter");
+    let output = std::process::Command::new(&xtask)
+        .args(["new-plugin", "my_filter", "--python", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    // Its own test, through the host's output check.
+    let test = std::process::Command::new(python())
+        .args(["-m", "unittest", "discover", "-s"])
+        .arg(&dir)
+        .env("HISTORY_HOST", e2e_tests::host_bin())
+        .output()
+        .unwrap();
+    assert!(test.status.success(), "{}", describe(&test));
+    assert!(String::from_utf8_lossy(&test.stderr).contains("Ran 1 test"), "{}", describe(&test));
+    // Installed beside `default`, run by the virtualenv's Python: it passes the history on.
+    let plugins = plugin_dir_with(&[]);
+    std::fs::copy(dir.join("my_filter.py"), plugins.path().join("my_filter.py")).unwrap();
+    let manifest = std::fs::read_to_string(dir.join("my_filter.plugin.toml")).unwrap();
+    let manifest = manifest.replace("\"python3\"", &format!("{:?}", python().display().to_string()));
+    std::fs::write(plugins.path().join("my_filter.plugin.toml"), manifest).unwrap();
+    let history = r#"[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]"#;
+    let output = config(plugins.path(), "my_filter", "on_plugin_error = \"fail\"").process(&[], history);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(json(&String::from_utf8_lossy(&output.stdout)), json(history));
+}
