@@ -32,14 +32,17 @@ pub fn install_program(config_file: &Path, manifest_path: &Path, force: bool) ->
             .map_err(|_| refuse(format!("{} is not beside the manifest", file.display())))?;
         copies.push((file.clone(), config.plugin_dir.join(relative)));
     }
-    let target = config.plugin_dir.join(manifest_path.file_name().unwrap_or_default());
+    let target = config
+        .plugin_dir
+        .join(manifest_path.file_name().unwrap_or_default());
     copies.push((manifest.path.clone(), target.clone()));
     let mut written = false;
     let mut replaced = false;
     let _lock = EditLock::acquire(&config.file)?;
     let mut planned = Vec::new();
     for (from, to) in &copies {
-        let bytes = std::fs::read(from).map_err(|e| refuse(format!("cannot read {}: {e}", from.display())))?;
+        let bytes =
+            std::fs::read(from).map_err(|e| refuse(format!("cannot read {}: {e}", from.display())))?;
         match std::fs::read(to) {
             Ok(existing) if existing == bytes => continue,
             Ok(_) if !force => {

@@ -47,8 +47,8 @@
 mod big;
 mod cpu;
 mod isolated;
-mod process_plugin;
 mod loopback;
+mod process_plugin;
 mod proxy;
 mod proxy_responses;
 mod serve;

@@ -39,13 +39,24 @@ fn chain(plugin_dir: &Path, plugin: &str) -> Result<(Config, Chain)> {
 
 /// The median and fastest stage time of the chain's second stage over `calls` calls, after
 /// one unmeasured call.
-fn stage_times(config: &Config, chain: &Chain, history: &[RArc<Message>], turn: u64, calls: usize) -> Result<(f64, f64)> {
+fn stage_times(
+    config: &Config,
+    chain: &Chain,
+    history: &[RArc<Message>],
+    turn: u64,
+    calls: usize,
+) -> Result<(f64, f64)> {
     let ctx = stateless_context(config, config.model("default"), turn);
     let mut samples = Vec::with_capacity(calls);
     for call in 0..=calls {
-        let run = chain.run(history.to_vec(), &ctx, Call::Process).map_err(|e| e.to_string())?;
+        let run = chain
+            .run(history.to_vec(), &ctx, Call::Process)
+            .map_err(|e| e.to_string())?;
         if run.stages[1].messages_out != history.len() || run.stages[1].skipped.is_some() {
-            return Err(format!("the measured stage did not pass everything on: {:?}", run.stages[1]));
+            return Err(format!(
+                "the measured stage did not pass everything on: {:?}",
+                run.stages[1]
+            ));
         }
         if call > 0 {
             samples.push(run.stages[1].elapsed);
@@ -64,12 +75,16 @@ pub fn process(args: &[String]) -> Result<()> {
     let manifest = plugin_dir.join("bench_passthrough.plugin.toml");
     std::fs::write(
         &manifest,
-        format!("protocol = 1\ncommand = [{:?}, \"bench_passthrough.py\"]\n", python.display().to_string()),
+        format!(
+            "protocol = 1\ncommand = [{:?}, \"bench_passthrough.py\"]\n",
+            python.display().to_string()
+        ),
     )
     .map_err(|e| format!("cannot write {}: {e}", manifest.display()))?;
     let (config, floor) = chain(&plugin_dir, "floor")?;
     let (_, program) = chain(&plugin_dir, "bench_passthrough")?;
-    let all = parse_history(&Value::Array(generate_messages(SIZES[1], 7))).map_err(|e| format!("bad history: {e}"))?;
+    let all = parse_history(&Value::Array(generate_messages(SIZES[1], 7)))
+        .map_err(|e| format!("bad history: {e}"))?;
     let mut sizes = Vec::new();
     for size in SIZES {
         let mut history = all[..size.min(all.len())].to_vec();

@@ -65,7 +65,9 @@ pub use config::{Config, ConfigError, OnPluginError, StoreLimits, UnknownModels}
 /// (`agentctl install` checks a library with it before copying it).
 pub use elf::check as check_elf_library;
 pub use library::{host_api_version, PluginLibrary, Refusal};
-pub use loader::{library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, ProgramFile, Unavailable};
+pub use loader::{
+    library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, ProgramFile, Unavailable,
+};
 pub use probe::Prober;
 
 /// Echoing user- and plugin-supplied text in error and log lines: escaped, cut.

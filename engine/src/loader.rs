@@ -21,8 +21,8 @@ use std::sync::{Arc, OnceLock};
 
 use crate::elf;
 use crate::library::{PluginLibrary, Refusal};
-use crate::process_plugin::manifest::{manifest_stem, Manifest};
 use crate::probe::{Probed, Prober};
+use crate::process_plugin::manifest::{manifest_stem, Manifest};
 use crate::shadow::{ShadowLibraries, SHADOW_DIR};
 
 pub use plugin_api::naming::{library_file_name, plugin_stem};

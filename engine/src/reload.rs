@@ -160,7 +160,8 @@ impl Watcher {
                     .and_then(|n| n.to_str())
                     .is_none_or(|n| n.starts_with('.'));
                 path == config_file
-                    || (!hidden && path.parent() == Some(&*plugin_dir.read().unwrap_or_else(|e| e.into_inner())))
+                    || (!hidden
+                        && path.parent() == Some(&*plugin_dir.read().unwrap_or_else(|e| e.into_inner())))
             }
         };
         let handler = move |events: DebounceEventResult| match events {

@@ -50,7 +50,9 @@ impl LibraryStatus {
     fn configured_as(&self) -> &str {
         self.file
             .as_deref()
-            .and_then(|file| plugin_stem(file).or_else(|| crate::process_plugin::manifest::manifest_stem(file)))
+            .and_then(|file| {
+                plugin_stem(file).or_else(|| crate::process_plugin::manifest::manifest_stem(file))
+            })
             .unwrap_or(&self.name)
     }
 }
@@ -162,7 +164,10 @@ fn program_status(config: &Config, catalog: &Catalog, program: &crate::ProgramFi
         program: true,
     };
     if catalog.program(&program.name).is_none() {
-        status.reason = Some(format!("a library named {:?} is in plugin_dir too, and wins", program.name));
+        status.reason = Some(format!(
+            "a library named {:?} is in plugin_dir too, and wins",
+            program.name
+        ));
         return status;
     }
     let manifest = match &program.manifest {
@@ -174,7 +179,12 @@ fn program_status(config: &Config, catalog: &Catalog, program: &crate::ProgramFi
     };
     status.summary = manifest.description.clone();
     let load = crate::library::load_context(config, &program.name);
-    match crate::process_plugin::ProcessPlugin::start(manifest, &load.config_json, load.agent_max_ctx, &load.models) {
+    match crate::process_plugin::ProcessPlugin::start(
+        manifest,
+        &load.config_json,
+        load.agent_max_ctx,
+        &load.models,
+    ) {
         Ok(plugin) => {
             status.version = Some(plugin.version().to_string());
             status.available = true;

@@ -166,7 +166,9 @@ fn check_plugin_output() -> ExitCode {
     let checked = std::io::stdin()
         .read_to_string(&mut text)
         .map_err(|e| format!("cannot read stdin: {e}"))
-        .and_then(|_| serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("stdin is not JSON: {e}")))
+        .and_then(|_| {
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("stdin is not JSON: {e}"))
+        })
         .and_then(|value| {
             let input = value.get("input").ok_or("stdin has no \"input\"")?.to_string();
             let result = value.get("result").ok_or("stdin has no \"result\"")?.to_string();
@@ -268,7 +270,9 @@ fn main() -> ExitCode {
             },
         ),
         Command::Expand { index, id, input } => expand(&mut out, index, id.as_deref(), &input),
-        Command::Serve { .. } | Command::Chat { .. } | Command::Worker | Command::CheckPluginOutput => unreachable!("run above"),
+        Command::Serve { .. } | Command::Chat { .. } | Command::Worker | Command::CheckPluginOutput => {
+            unreachable!("run above")
+        }
     }));
     guard.disarm();
     match result {

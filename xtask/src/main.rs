@@ -231,9 +231,25 @@ fn python_sdk(root: &Path, target_dir: &Path) -> Result<()> {
         .env("HISTORY_HOST", target_dir.join("debug").join("history-host")))
 }
 
-/// `pip install ./sdk/python` into the tests' virtualenv.
+/// `pip install ./sdk/python` into the tests' virtualenv, when what is installed is not
+/// this tree's SDK (pip's build needs the package index: only then).
 fn install_sdk(root: &Path, target_dir: &Path) -> Result<()> {
-    run(Command::new(target_dir.join("py").join("bin").join("pip"))
+    let bin = target_dir.join("py").join("bin");
+    let same = "import filecmp, os, sys, history_plugin\n\
+        here = os.path.dirname(history_plugin.__file__)\n\
+        tree = sys.argv[1]\n\
+        names = sorted(n for n in os.listdir(tree) if n.endswith('.py'))\n\
+        ok = names == sorted(n for n in os.listdir(here) if n.endswith('.py'))\n\
+        sys.exit(0 if ok and all(filecmp.cmp(os.path.join(tree, n), os.path.join(here, n), shallow=False) for n in names) else 1)\n";
+    let installed = Command::new(bin.join("python"))
+        .args(["-c", same])
+        .arg(root.join("sdk").join("python").join("history_plugin"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return Ok(());
+    }
+    run(Command::new(bin.join("pip"))
         .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
         .arg(root.join("sdk").join("python")))
 }

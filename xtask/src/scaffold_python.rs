@@ -8,7 +8,9 @@ type Result<T> = std::result::Result<T, String>;
 
 fn is_name(name: &str) -> bool {
     name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// Writes the plugin's three files into `dir`; refuses to overwrite any.
@@ -22,7 +24,9 @@ pub fn new_python_plugin(name: &str, dir: &Path) -> Result<PathBuf> {
         .split('_')
         .map(|word| {
             let mut chars = word.chars();
-            chars.next().map_or(String::new(), |c| c.to_ascii_uppercase().to_string() + chars.as_str())
+            chars.next().map_or(String::new(), |c| {
+                c.to_ascii_uppercase().to_string() + chars.as_str()
+            })
         })
         .collect();
     let files = [
@@ -71,7 +75,10 @@ pub fn new_python_plugin(name: &str, dir: &Path) -> Result<PathBuf> {
     ];
     for (file, _) in &files {
         if dir.join(file).exists() {
-            return Err(format!("{} exists already; nothing written", dir.join(file).display()));
+            return Err(format!(
+                "{} exists already; nothing written",
+                dir.join(file).display()
+            ));
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

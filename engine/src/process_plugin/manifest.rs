@@ -47,7 +47,10 @@ impl Manifest {
             .to_string();
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
         let doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
-            format!("not valid TOML: {}", e.to_string().lines().next().unwrap_or_default())
+            format!(
+                "not valid TOML: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            )
         })?;
         // Absolute, so the command's files mean the same from any working folder.
         let dir = path
@@ -103,7 +106,9 @@ impl Manifest {
         for file in strings("files")? {
             let beside = dir.join(&file);
             if Path::new(&file).is_absolute() || file.split('/').any(|c| c == "..") {
-                return Err(format!("files: {file:?} must be a relative path inside plugin_dir"));
+                return Err(format!(
+                    "files: {file:?} must be a relative path inside plugin_dir"
+                ));
             }
             if !beside.is_file() {
                 return Err(format!("files: {} does not exist", beside.display()));
@@ -112,7 +117,10 @@ impl Manifest {
         }
         files.sort();
         files.dedup();
-        let description = doc.get("description").and_then(|v| v.as_str()).map(str::to_string);
+        let description = doc
+            .get("description")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
         Ok(Manifest {
             name,
             path: path.to_path_buf(),
@@ -136,8 +144,17 @@ mod tests {
         let manifest = Manifest::read(&path).unwrap();
         assert_eq!(manifest.name, "redact");
         assert_eq!(manifest.command[0], "python3");
-        assert_eq!(manifest.command[1], dir.path().join("redact.py").to_string_lossy());
-        assert_eq!(manifest.files, vec![dir.path().join("redact.plugin.toml"), dir.path().join("redact.py")]);
+        assert_eq!(
+            manifest.command[1],
+            dir.path().join("redact.py").to_string_lossy()
+        );
+        assert_eq!(
+            manifest.files,
+            vec![
+                dir.path().join("redact.plugin.toml"),
+                dir.path().join("redact.py")
+            ]
+        );
     }
 
     #[test]
@@ -146,11 +163,23 @@ mod tests {
         let path = dir.path().join("x.plugin.toml");
         for (text, expected) in [
             ("command = [\"a\"]\n", "protocol must be set"),
-            ("protocol = 2\ncommand = [\"a\"]\n", "protocol = 2, but this host speaks protocol 1"),
+            (
+                "protocol = 2\ncommand = [\"a\"]\n",
+                "protocol = 2, but this host speaks protocol 1",
+            ),
             ("protocol = 1\n", "command must name a program"),
-            ("protocol = 1\ncommand = \"a\"\n", "command must be an array of strings"),
-            ("protocol = 1\ncommand = [\"a\"]\nfiles = [\"../etc\"]\n", "must be a relative path inside plugin_dir"),
-            ("protocol = 1\ncommand = [\"a\"]\ncomand = 1\n", "unknown key \"comand\""),
+            (
+                "protocol = 1\ncommand = \"a\"\n",
+                "command must be an array of strings",
+            ),
+            (
+                "protocol = 1\ncommand = [\"a\"]\nfiles = [\"../etc\"]\n",
+                "must be a relative path inside plugin_dir",
+            ),
+            (
+                "protocol = 1\ncommand = [\"a\"]\ncomand = 1\n",
+                "unknown key \"comand\"",
+            ),
             ("protocol = [\n", "not valid TOML"),
         ] {
             std::fs::write(&path, text).unwrap();

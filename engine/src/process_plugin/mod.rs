@@ -150,7 +150,8 @@ impl ProcessPlugin {
             .spawn()
             .map_err(|e| StartFailure::Failed(format!("cannot run {}: {e}", echo::quoted(program))))?;
         self.starts.fetch_add(1, Ordering::Relaxed);
-        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err(StartFailure::Failed("its pipes could not be opened".into()));
         };
@@ -193,8 +194,16 @@ impl ProcessPlugin {
         };
         let mut hello = self.hello.clone();
         hello.push('\n');
-        if running.stdin.write_all(hello.as_bytes()).and_then(|_| running.stdin.flush()).is_err() {
-            return Err(StartFailure::Failed(format!("{} before its hello", running.ended())));
+        if running
+            .stdin
+            .write_all(hello.as_bytes())
+            .and_then(|_| running.stdin.flush())
+            .is_err()
+        {
+            return Err(StartFailure::Failed(format!(
+                "{} before its hello",
+                running.ended()
+            )));
         }
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
@@ -208,7 +217,10 @@ impl ProcessPlugin {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let ended = running.ended();
-                    return Err(StartFailure::Failed(format!("it {ended} before it was ready{}", said())));
+                    return Err(StartFailure::Failed(format!(
+                        "it {ended} before it was ready{}",
+                        said()
+                    )));
                 }
             };
             match protocol::read_line(&line, &[]) {
@@ -219,8 +231,14 @@ impl ProcessPlugin {
                         message: message.into(),
                     }))
                 }
-                Ok(Line::Log { level, message }) => crate::logging::log_plugin_line(&self.name, level, &message),
-                Ok(_) => return Err(StartFailure::Failed("it answered the hello with a call's answer".into())),
+                Ok(Line::Log { level, message }) => {
+                    crate::logging::log_plugin_line(&self.name, level, &message)
+                }
+                Ok(_) => {
+                    return Err(StartFailure::Failed(
+                        "it answered the hello with a call's answer".into(),
+                    ))
+                }
                 Err(why) => return Err(StartFailure::Failed(format!("it {why}"))),
             }
         }
@@ -257,12 +275,22 @@ impl ProcessPlugin {
         };
         let id = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let request = protocol::call(id, history, ctx, switch);
-        if running.stdin.write_all(request.as_bytes()).and_then(|_| running.stdin.flush()).is_err() {
-            return Err(fault(format!("its process {} during the call; {NEXT_CALL}", running.ended())));
+        if running
+            .stdin
+            .write_all(request.as_bytes())
+            .and_then(|_| running.stdin.flush())
+            .is_err()
+        {
+            return Err(fault(format!(
+                "its process {} during the call; {NEXT_CALL}",
+                running.ended()
+            )));
         }
         loop {
             let line = match deadline {
-                Some(deadline) => running.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())),
+                Some(deadline) => running
+                    .lines
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now())),
                 None => running.lines.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
             let line = match line {
@@ -314,7 +342,8 @@ impl ProcessPlugin {
 /// `result_json`, one `result` line; the output resolved and put through the host's own
 /// output check (`plugin_api::check`). `Err` is what the host would report.
 pub fn check_result(input_json: &str, result_json: &str) -> Result<Output, String> {
-    let mut input = history_wire::chat::history_from_str(input_json).map_err(|e| format!("the input: {e}"))?;
+    let mut input =
+        history_wire::chat::history_from_str(input_json).map_err(|e| format!("the input: {e}"))?;
     for (i, message) in input.iter_mut().enumerate() {
         RArc::make_mut(message).set_origin(i as u64 + 1);
     }

@@ -2,9 +2,7 @@
 //! what the host writes (the hello, a call) and how it reads a plugin's lines (its ready
 //! or config error, logs, a call's result or error). No I/O: `super` moves the lines.
 
-use plugin_api::{
-    echo, Context, Event, EventKind, LogLevel, Message, ModelInfo, Output, RArc, RVec,
-};
+use plugin_api::{echo, Context, Event, EventKind, LogLevel, Message, ModelInfo, Output, RArc, RVec};
 use serde_json::{json, Map, Value};
 
 use super::manifest::PROTOCOL;
@@ -58,8 +56,14 @@ pub(crate) fn call(
         context["old_model"] = model(old);
         context["new_model"] = model(new);
     }
-    let kind = if switch.is_some() { "on_model_switch" } else { "process" };
-    out.push_str(&format!("{{\"type\":\"{kind}\",\"id\":{id},\"context\":{context},\"messages\":["));
+    let kind = if switch.is_some() {
+        "on_model_switch"
+    } else {
+        "process"
+    };
+    out.push_str(&format!(
+        "{{\"type\":\"{kind}\",\"id\":{id},\"context\":{context},\"messages\":["
+    ));
     for (i, message) in history.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -94,9 +98,18 @@ pub(crate) fn read_line(line: &str, input: &[RArc<Message>]) -> Result<Line, Str
     let value: Value = serde_json::from_str(line)
         .map_err(|e| format!("wrote a line that is not JSON ({e}): {}", echo::text(line)))?;
     let Value::Object(object) = value else {
-        return Err(format!("wrote a line that is not a JSON object: {}", echo::text(line)));
+        return Err(format!(
+            "wrote a line that is not a JSON object: {}",
+            echo::text(line)
+        ));
     };
-    let text = |key: &str| object.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+    let text = |key: &str| {
+        object
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let id = || {
         object
             .get("id")
@@ -114,7 +127,9 @@ pub(crate) fn read_line(line: &str, input: &[RArc<Message>]) -> Result<Line, Str
                     ))
                 }
             }
-            Ok(Line::Ready { version: text("version") })
+            Ok(Line::Ready {
+                version: text("version"),
+            })
         }
         Some("config_error") => Ok(Line::ConfigError {
             key: text("key"),
@@ -153,12 +168,18 @@ pub fn output(object: &Map<String, Value>, input: &[RArc<Message>]) -> Result<Ou
     for (at, entry) in entries.iter().enumerate() {
         let wrong = |why: String| format!("result history entry {at}: {why}");
         let index = |value: &Value| -> Result<&RArc<Message>, String> {
-            let i = value
-                .as_u64()
-                .ok_or_else(|| wrong(format!("an index must be a whole number, found {}", echo::json(value))))?;
-            input
-                .get(i as usize)
-                .ok_or_else(|| wrong(format!("input message {i} does not exist ({} were sent)", input.len())))
+            let i = value.as_u64().ok_or_else(|| {
+                wrong(format!(
+                    "an index must be a whole number, found {}",
+                    echo::json(value)
+                ))
+            })?;
+            input.get(i as usize).ok_or_else(|| {
+                wrong(format!(
+                    "input message {i} does not exist ({} were sent)",
+                    input.len()
+                ))
+            })
         };
         match entry {
             Value::Number(_) => history.push(index(entry)?.clone()),
@@ -204,7 +225,11 @@ fn event(value: &Value) -> Result<Event, String> {
         turn: 0,
         index: value.get("index").and_then(Value::as_u64).into(),
         id: value.get("id").and_then(Value::as_str).map(Into::into).into(),
-        reason: value.get("reason").and_then(Value::as_str).unwrap_or_default().into(),
+        reason: value
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .into(),
         tokens_saved: value.get("tokens_saved").and_then(Value::as_i64).into(),
     })
 }

@@ -28,7 +28,12 @@ fn python() -> PathBuf {
 /// Puts the example plugins into `dir`: the redactor run by the virtualenv's Python.
 fn add_examples(dir: &Path) {
     let examples = workspace_root().join("examples/process-plugins");
-    for file in ["redact.py", "keep_recent.mjs", "keep_recent.d.ts", "keep_recent.plugin.toml"] {
+    for file in [
+        "redact.py",
+        "keep_recent.mjs",
+        "keep_recent.d.ts",
+        "keep_recent.plugin.toml",
+    ] {
         std::fs::copy(examples.join(file), dir.join(file)).unwrap();
     }
     let manifest = std::fs::read_to_string(examples.join("redact.plugin.toml")).unwrap();
@@ -77,7 +82,10 @@ fn turn(server: &Server, id: &str, text: &str) -> Value {
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
-        assert!(started.elapsed() < Duration::from_secs(30), "not within 30 s: {what}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not within 30 s: {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -136,8 +144,16 @@ fn python_and_node_plugins_run_in_the_shipped_chain_through_process_and_serve() 
     let server = Server::start(&shipped.path, &shipped.dir.path().join("sessions.db"), &[]);
     let id = server.create("default");
     let answer = turn(&server, &id, &format!("the key {SECRET}"));
-    let stages: Vec<&str> = answer["stats"].as_array().unwrap().iter().map(|s| s["plugin"].as_str().unwrap()).collect();
-    assert!(stages.contains(&"redact") && stages.contains(&"keep_recent"), "{stages:?}");
+    let stages: Vec<&str> = answer["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["plugin"].as_str().unwrap())
+        .collect();
+    assert!(
+        stages.contains(&"redact") && stages.contains(&"keep_recent"),
+        "{stages:?}"
+    );
     let working = server.history(&id, false);
     assert!(
         working.to_string().contains("the key [REDACTED]") && !working.to_string().contains(SECRET),
@@ -189,19 +205,36 @@ fn a_plugin_that_hangs_is_killed_at_the_deadline_and_quarantined() {
     let id = server.create("default");
     let started = Instant::now();
     let first = turn(&server, &id, "hello");
-    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
-    let stage = &first["stats"][1];
-    assert_eq!((&stage["plugin"], &stage["quarantined"]), (&j!("hanger"), &j!(true)), "{first}");
     assert!(
-        stage["skipped"].as_str().unwrap_or_default().contains("did not return within 700 ms (plugin_timeout_ms)"),
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let stage = &first["stats"][1];
+    assert_eq!(
+        (&stage["plugin"], &stage["quarantined"]),
+        (&j!("hanger"), &j!(true)),
+        "{first}"
+    );
+    assert!(
+        stage["skipped"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("did not return within 700 ms (plugin_timeout_ms)"),
         "{stage}"
     );
     // Its process is gone: killed and reaped, nothing left running.
     let pid = std::fs::read_to_string(plugins.path().join("hanger.pid")).unwrap();
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still runs");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "pid {pid} still runs"
+    );
     let second = turn(&server, &id, "again");
     assert!(
-        second["stats"][1]["skipped"].as_str().unwrap_or_default().starts_with("quarantined"),
+        second["stats"][1]["skipped"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("quarantined"),
         "{second}"
     );
     assert_eq!(server.get("/healthz").status, 503);
@@ -220,13 +253,23 @@ fn a_plugin_that_exits_is_restarted_at_the_next_call() {
     let config = config(plugins.path(), "quitter", "on_plugin_error = \"skip\"");
     let server = Server::start(&config.path, &config.dir.path().join("sessions.db"), &[]);
     let pid_of = |answer: &Value| -> String {
-        let text = answer["history"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
-        text.rsplit("[pid ").next().unwrap().trim_end_matches(']').to_string()
+        let text = answer["history"].as_array().unwrap().last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        text.rsplit("[pid ")
+            .next()
+            .unwrap()
+            .trim_end_matches(']')
+            .to_string()
     };
     let (one, two) = (server.create("default"), server.create("default"));
     let first = pid_of(&turn(&server, &one, "hello"));
     let died = turn(&server, &two, "EXIT NOW");
-    let skipped = died["stats"][1]["skipped"].as_str().unwrap_or_default().to_string();
+    let skipped = died["stats"][1]["skipped"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(
         skipped.contains("exited with status 3 during the call; it is started again at the next call"),
         "{died}"
@@ -286,7 +329,8 @@ fn agentctl_installs_a_manifest_with_its_files_and_lists_its_kind() {
     // Its table is checked by the program itself, through the handshake.
     let refused = e2e_tests::agentctl(&config.path, &["plugin-set", "keep_recent", "keep", "0"], &[]);
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("[plugin.keep_recent] keep: must be a whole number of at least 1"),
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("[plugin.keep_recent] keep: must be a whole number of at least 1"),
         "{}",
         describe(&refused)
     );
@@ -296,9 +340,18 @@ fn agentctl_installs_a_manifest_with_its_files_and_lists_its_kind() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap(), p["kind"].as_str().unwrap(), p["loads"].as_bool().unwrap()))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["kind"].as_str().unwrap(),
+                p["loads"].as_bool().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(kinds, [("default", "library", true), ("keep_recent", "program", true)]);
+    assert_eq!(
+        kinds,
+        [("default", "library", true), ("keep_recent", "program", true)]
+    );
     // A different file under its name is a clash, refused unless --force.
     std::fs::write(plugins.path().join("keep_recent.d.ts"), "// changed\n").unwrap();
     let clash = e2e_tests::agentctl(&config.path, &["install", manifest], &[]);
@@ -331,7 +384,11 @@ fn new_plugin_python_scaffolds_a_plugin_whose_test_passes_and_that_runs_in_a_cha
         .output()
         .unwrap();
     assert!(test.status.success(), "{}", describe(&test));
-    assert!(String::from_utf8_lossy(&test.stderr).contains("Ran 1 test"), "{}", describe(&test));
+    assert!(
+        String::from_utf8_lossy(&test.stderr).contains("Ran 1 test"),
+        "{}",
+        describe(&test)
+    );
     // Installed beside `default`, run by the virtualenv's Python: it passes the history on.
     let plugins = plugin_dir_with(&[]);
     std::fs::copy(dir.join("my_filter.py"), plugins.path().join("my_filter.py")).unwrap();
