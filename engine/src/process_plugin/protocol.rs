@@ -233,3 +233,110 @@ fn event(value: &Value) -> Result<Event, String> {
         tokens_saved: value.get("tokens_saved").and_then(Value::as_i64).into(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> Vec<RArc<Message>> {
+        let mut history = history_wire::chat::history_from_str(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]"#,
+        )
+        .unwrap();
+        for (i, message) in history.iter_mut().enumerate() {
+            let message = RArc::make_mut(message);
+            message.set_origin(10 + i as u64);
+            message.turn = 4;
+        }
+        history
+    }
+
+    #[test]
+    fn indices_are_the_hosts_own_messages_and_a_changed_copy_keeps_its_identity() {
+        let input = input();
+        let line = r#"{"type":"result","id":3,"history":[0,{"from":1,"message":{"role":"assistant","content":"B"}},{"message":{"role":"user","content":"new"}}],
+            "events":[{"kind":"message-changed","index":1,"reason":"upper"}]}"#;
+        let Ok(Line::Result { id: 3, output }) = read_line(line, &input) else {
+            panic!("not a result")
+        };
+        assert!(
+            std::ptr::eq(&*output.history[0], &*input[0]),
+            "the same message, not a copy"
+        );
+        assert_eq!((output.history[1].origin(), output.history[1].turn), (11, 4));
+        assert_eq!(output.history[2].origin(), 0, "a made-up message has no identity");
+        assert_eq!(output.events[0].kind, EventKind::MessageChanged);
+        assert_eq!(output.events[0].index.into_option(), Some(1));
+    }
+
+    #[test]
+    fn protocol_faults_say_what_and_where() {
+        let input = input();
+        for (line, expected) in [
+            ("not json", "not JSON"),
+            ("[1]", "not a JSON object"),
+            (r#"{"id":1}"#, "without a \"type\""),
+            (r#"{"type":"resul","id":1}"#, "unknown type \"resul\""),
+            (r#"{"type":"result","history":[]}"#, "without a numeric \"id\""),
+            (r#"{"type":"result","id":1}"#, "without a \"history\" array"),
+            (
+                r#"{"type":"result","id":1,"history":[5]}"#,
+                "entry 0: input message 5 does not exist (2 were sent)",
+            ),
+            (
+                r#"{"type":"result","id":1,"history":[0,"x"]}"#,
+                "entry 1: expected an index or an object",
+            ),
+            (
+                r#"{"type":"result","id":1,"history":[{"message":{"role":"robot"}}]}"#,
+                "entry 0: unknown role \"robot\"",
+            ),
+            (
+                r#"{"type":"result","id":1,"history":[0],"events":[{"kind":"gone"}]}"#,
+                "event 0: unknown kind \"gone\"",
+            ),
+            (
+                r#"{"type":"ready","protocol":2}"#,
+                "speaks protocol 2, this host speaks 1",
+            ),
+        ] {
+            let err = read_line(line, &input).unwrap_err();
+            assert!(err.contains(expected), "{line}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_call_carries_the_context_the_messages_and_their_tokens() {
+        let input = input();
+        let model = ModelInfo {
+            name: "m".into(),
+            max_context: 10,
+            context_tokens: 100,
+            tokenizer: plugin_api::Tokenizer::Chars4,
+            effective_ctx: 10,
+        };
+        let ctx = Context {
+            session_id: plugin_api::ROption::RNone,
+            model: model.clone(),
+            agent_max_ctx: 10,
+            effective_ctx: 10,
+            turn: 4,
+            last_active: plugin_api::ROption::RNone,
+            expiration_override: plugin_api::ROption::RNone,
+            services: crate::services::SERVICES,
+        };
+        let line = call(9, &input, &ctx, Some((&model, &model)));
+        assert!(line.ends_with('\n'));
+        let value: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["type"], "on_model_switch");
+        assert_eq!(value["id"], 9);
+        assert_eq!(value["context"]["turn"], 4);
+        assert_eq!(value["context"]["new_model"]["tokenizer"], "chars4");
+        assert_eq!(value["messages"][1], json!({"role":"assistant","content":"b"}));
+        assert_eq!(
+            value["tokens"],
+            json!([4, 4]),
+            "1 character's token and the per-message 3"
+        );
+    }
+}
