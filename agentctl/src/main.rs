@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod install;
+mod install_program;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -102,7 +103,8 @@ enum Command {
     PluginUnset { name: String, key: String },
     /// Copy a plugin library (libhistory_plugin_NAME.so) into plugin_dir, once it has
     /// loaded in a child process, passed the plugin-api checks, exported NAME and accepted
-    /// its [plugin.NAME] table.
+    /// its [plugin.NAME] table; or a process plugin's NAME.plugin.toml with the files it
+    /// names, once its program has started and accepted its table.
     Install {
         library: PathBuf,
         /// Replace a different library installed under the same name.
@@ -376,8 +378,14 @@ fn install(
     json: bool,
     guard: &ExitGuard,
 ) -> Result<bool, Failure> {
-    let installed = install::install(file, library, force, &prober()?, &|| fault_hook(guard))
-        .map_err(|refusal| refused(refusal.0))?;
+    // A process plugin's manifest brings its files (docs/process-plugins.md#installing).
+    let is_manifest = history_engine::process_plugin::manifest::manifest_stem(library).is_some();
+    let installed = if is_manifest {
+        install_program::install_program(file, library, force)
+    } else {
+        install::install(file, library, force, &prober()?, &|| fault_hook(guard))
+    }
+    .map_err(|refusal| refused(refusal.0))?;
     if json {
         print_json(
             out,

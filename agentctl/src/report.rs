@@ -228,9 +228,10 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
                 status.reason.as_deref().unwrap_or("unknown reason")
             ),
         };
+        let kind = if status.program { "program" } else { "library" };
         let _ = writeln!(
             text,
-            "{:<name_width$}  {:<version_width$}  {:<file_width$}  {loads}; {enabled}",
+            "{:<name_width$}  {:<version_width$}  {:<file_width$}  {kind}  {loads}; {enabled}",
             status.name,
             status.version.as_deref().unwrap_or("-"),
             file_name(status),
@@ -241,6 +242,7 @@ pub fn render_plugins(config: &Config, statuses: &[LibraryStatus]) -> (String, V
         "plugin_dir": config.plugin_dir.display().to_string(),
         "plugins": statuses.iter().map(|s| json!({
             "name": s.name,
+            "kind": if s.program { "program" } else { "library" },
             "version": s.version,
             "file": s.file.as_ref().map(|f| f.display().to_string()),
             "loads": s.loads,

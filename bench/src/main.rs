@@ -48,6 +48,7 @@ mod big;
 mod cpu;
 mod isolated;
 mod loopback;
+mod process_plugin;
 mod proxy;
 mod proxy_anthropic;
 mod proxy_responses;
@@ -105,6 +106,7 @@ fn main() -> ExitCode {
         Some("run") => run(&args[1..]),
         Some("big") => big::big(&args[1..]),
         Some("isolated") => isolated::isolated(&args[1..]),
+        Some("process") => process_plugin::process(&args[1..]),
         Some("serve") => serve::serve(&args[1..]),
         Some("proxy") => proxy::proxy(&args[1..]),
         _ => Err(USAGE.trim().to_string()),
@@ -128,6 +130,7 @@ usage: history-bench <command>
                                         huge inputs through history-host process:
                                         time, exit status, peak RSS
   isolated --host FILE --plugin-dir DIR [--calls N] [--json]
+  process --plugin-dir DIR --python FILE [--calls N] [--json]
                                         a plugin's call in a worker process against
                                         in-process, at 1,000 messages
   serve --host FILE --plugin-dir DIR --floor-dir DIR [--json] [--sessions N] [--clients C] [--turns T]

@@ -13,7 +13,8 @@ use crate::config::{Config, ConfigError, OnPluginError};
 use crate::deadline::{Pool, Timed};
 use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
 use crate::library::{instantiate_library, load_context, table_error};
-use crate::loader::{Catalog, Unavailable};
+use crate::loader::{Catalog, ProgramFile, Unavailable};
+use crate::process_plugin::{ProcessPlugin, StartFailure as ProcessStart};
 use crate::{logging, services, tokens, turns};
 
 /// One loaded plugin instance in the chain.
@@ -33,6 +34,8 @@ enum Runner {
     InProcess(Arc<PluginBox>),
     /// In worker processes (`[history] isolate`, docs/chain.md#isolation).
     Isolated(IsolatedPlugin),
+    /// A program speaking the process plugins' protocol (docs/process-plugins.md).
+    Process(ProcessPlugin),
 }
 
 impl Stage {
@@ -54,6 +57,28 @@ impl Stage {
         }
     }
 
+    fn process(name: String, plugin: ProcessPlugin) -> Stage {
+        Stage {
+            name,
+            version: plugin.version().to_string(),
+            runner: Runner::Process(plugin),
+            quarantined: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the plugin is a program (a process plugin, docs/process-plugins.md).
+    pub fn is_program(&self) -> bool {
+        matches!(self.runner, Runner::Process(_))
+    }
+
+    /// For a process plugin, how many times its program has been started so far.
+    pub fn program_starts(&self) -> Option<u64> {
+        match &self.runner {
+            Runner::Process(plugin) => Some(plugin.starts()),
+            _ => None,
+        }
+    }
+
     /// Whether the plugin runs in a worker process (`[history] isolate`).
     pub fn is_isolated(&self) -> bool {
         matches!(self.runner, Runner::Isolated(_))
@@ -64,7 +89,7 @@ impl Stage {
     pub fn worker_starts(&self) -> Option<u64> {
         match &self.runner {
             Runner::Isolated(plugin) => Some(plugin.worker_starts()),
-            Runner::InProcess(_) => None,
+            Runner::InProcess(_) | Runner::Process(_) => None,
         }
     }
 
@@ -230,7 +255,10 @@ impl Chain {
         // and then the error that carries it.
         let mut warnings = Vec::new();
         for table in &config.plugins {
-            if config.place_of(&table.name).is_some() || config.ingest.contains(&table.name) {
+            if config.place_of(&table.name).is_some()
+                || config.ingest.contains(&table.name)
+                || catalog.program(&table.name).is_some()
+            {
                 continue;
             }
             match catalog.library(&table.name) {
@@ -571,6 +599,24 @@ impl Chain {
                     plugin.call(&state.history, ctx, switch, self.deadline)
                 })
             }
+            // Past the deadline its process is killed and, as a call left running would
+            // be, the stage quarantined (docs/process-plugins.md#faults).
+            (Runner::Process(plugin), ..) => {
+                let switch = match call {
+                    Call::Process => None,
+                    Call::ModelSwitch { old, new } => Some((old, new)),
+                };
+                let result = crate::deadline::with_service_clock(|| {
+                    plugin.call(&state.history, ctx, switch, self.deadline)
+                });
+                result.map_err(|failure| {
+                    if failure.late {
+                        stage.quarantined.store(true, Ordering::Relaxed);
+                        report.quarantined = true;
+                    }
+                    failure.message
+                })
+            }
             (Runner::InProcess(instance), Some(limit), Some(shared_ctx)) => {
                 let result = self.call_with_deadline(stage, instance, state, shared_ctx, call, limit);
                 report.quarantined = stage.is_quarantined();
@@ -746,6 +792,10 @@ fn load_stages(
 ) -> Result<Vec<Stage>, ConfigError> {
     let mut stages = Vec::with_capacity(names.len());
     for name in names {
+        if let Some(program) = catalog.program(name) {
+            stages.push(load_program(config, list, program)?);
+            continue;
+        }
         if config.is_isolated(name) {
             stages.push(load_isolated(config, catalog, list, name)?);
             continue;
@@ -771,6 +821,26 @@ fn load_stages(
         ));
     }
     Ok(stages)
+}
+
+/// A process plugin's stage: its program started and its table accepted
+/// (docs/process-plugins.md#the-handshake). A refusal of the table is the same error a
+/// library's is.
+fn load_program(config: &Config, list: &str, program: &ProgramFile) -> Result<Stage, ConfigError> {
+    let name = program.name.as_str();
+    let cannot_load = |why: &str| {
+        config.error(
+            config.history_key_line(list),
+            format!("plugin \"{name}\" in the {list} cannot be loaded: {why}"),
+        )
+    };
+    let manifest = program.manifest.as_ref().map_err(|why| cannot_load(why))?;
+    let load = load_context(config, name);
+    match ProcessPlugin::start(manifest, &load.config_json, load.agent_max_ctx, &load.models) {
+        Ok(plugin) => Ok(Stage::process(name.to_string(), plugin)),
+        Err(ProcessStart::Config(err)) => Err(table_error(config, name, &err)),
+        Err(ProcessStart::Failed(why)) => Err(cannot_load(&format!("{}: {why}", program.path.display()))),
+    }
 }
 
 /// An isolated stage (`[history] isolate`): its first worker started, which loads the

@@ -114,6 +114,13 @@ pub fn validate(file: &Path, text: &str, catalog: &Catalog) -> Result<Config, Re
 }
 
 fn check_available(name: &str, config: &Config, catalog: &Catalog) -> Result<(), Refused> {
+    // A process plugin: its manifest read; validate() starts it on the edited table.
+    if let Some(program) = catalog.program(name) {
+        return match &program.manifest {
+            Ok(_) => Ok(()),
+            Err(why) => Err(Refused(format!("plugin \"{name}\" cannot be loaded: {why}"))),
+        };
+    }
     match catalog.library(name) {
         Ok(_) => Ok(()),
         Err(Unavailable::Refused(refusal)) => {

@@ -48,6 +48,7 @@ mod loader;
 pub mod logging;
 pub mod output;
 pub mod probe;
+pub mod process_plugin;
 mod rank_table;
 pub mod recall;
 pub mod reload;
@@ -66,7 +67,9 @@ pub use config::{Config, ConfigError, OnPluginError, StoreLimits, UnknownModels}
 /// (`agentctl install` checks a library with it before copying it).
 pub use elf::check as check_elf_library;
 pub use library::{host_api_version, PluginLibrary, Refusal};
-pub use loader::{library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, Unavailable};
+pub use loader::{
+    library_file_name, plugin_stem, Catalog, DiscoveryError, LibraryFile, ProgramFile, Unavailable,
+};
 pub use probe::Prober;
 
 /// Echoing user- and plugin-supplied text in error and log lines: escaped, cut.

@@ -22,6 +22,7 @@ use std::sync::{Arc, OnceLock};
 use crate::elf;
 use crate::library::{PluginLibrary, Refusal};
 use crate::probe::{Probed, Prober};
+use crate::process_plugin::manifest::{manifest_stem, Manifest};
 use crate::shadow::{ShadowLibraries, SHADOW_DIR};
 
 pub use plugin_api::naming::{library_file_name, plugin_stem};
@@ -57,10 +58,24 @@ impl LibraryFile {
 pub struct Catalog {
     /// By name (file name order).
     files: Vec<LibraryFile>,
+    /// The process plugins' manifests, `NAME.plugin.toml` (docs/process-plugins.md#the-manifest),
+    /// by name: each read, or why it cannot be.
+    programs: Vec<ProgramFile>,
     /// When set, a library is first loaded in a child process ([`Catalog::probed`]).
     prober: Option<Prober>,
     /// When set, libraries load from shadow copies ([`Catalog::shadowed`]).
     shadow: Option<Arc<ShadowLibraries>>,
+}
+
+/// A process plugin's manifest in `plugin_dir`.
+#[derive(Debug)]
+pub struct ProgramFile {
+    /// The plugin its file name gives (`redact.plugin.toml` → `redact`).
+    pub name: String,
+    /// The manifest's path.
+    pub path: PathBuf,
+    /// The manifest, or why it was refused (one line).
+    pub manifest: Result<Manifest, String>,
 }
 
 /// Why [`Catalog::library`] has no library for a name.
@@ -121,9 +136,20 @@ impl Catalog {
             // The shadow copies (crate::shadow) are the host's, never plugins to discover.
             .filter(|entry| entry.file_name() != SHADOW_DIR)
             .map(|entry| entry.path())
-            .filter(|path| plugin_stem(path).is_some())
             .collect();
         paths.sort();
+        let mut programs = Vec::new();
+        for path in paths.iter().filter(|path| path.is_file()) {
+            if let Some(name) = manifest_stem(path) {
+                let manifest = Manifest::read(path).map_err(|why| format!("{}: {why}", path.display()));
+                programs.push(ProgramFile {
+                    name: name.to_string(),
+                    path: path.clone(),
+                    manifest,
+                });
+            }
+        }
+        paths.retain(|path| plugin_stem(path).is_some());
         let mut files = Vec::new();
         for path in paths {
             let name = plugin_stem(&path).unwrap_or_default().to_string();
@@ -152,6 +178,7 @@ impl Catalog {
         }
         Ok(Catalog {
             files,
+            programs,
             prober: None,
             shadow: None,
         })
@@ -196,6 +223,20 @@ impl Catalog {
     /// Every library file found, in file name order.
     pub fn files(&self) -> &[LibraryFile] {
         &self.files
+    }
+
+    /// Every process plugin's manifest found, in file name order.
+    pub fn programs(&self) -> &[ProgramFile] {
+        &self.programs
+    }
+
+    /// The manifest of process plugin `name`, when no library is named for it (a library
+    /// of the same name wins: docs/process-plugins.md#the-manifest).
+    pub fn program(&self, name: &str) -> Option<&ProgramFile> {
+        if self.file(name).is_some() {
+            return None;
+        }
+        self.programs.iter().find(|program| program.name == name)
     }
 
     /// The file named for plugin `name`.
@@ -279,6 +320,9 @@ impl Catalog {
     /// Whether plugin `name` has a library file not refused so far (it may still be
     /// refused when it is loaded).
     pub fn has(&self, name: &str) -> bool {
+        if self.program(name).is_some_and(|program| program.manifest.is_ok()) {
+            return true;
+        }
         self.file(name)
             .is_some_and(|file| file.refused.is_none() && !matches!(file.loaded.get(), Some(Err(_))))
     }
@@ -286,12 +330,15 @@ impl Catalog {
     /// The available plugins' names, for messages: the files not refused so far, by the
     /// names their file names give.
     pub fn available_names(&self) -> String {
-        let names: Vec<&str> = self
+        let mut names: Vec<&str> = self
             .files
             .iter()
-            .filter(|file| self.has(&file.name))
             .map(|file| file.name.as_str())
+            .chain(self.programs.iter().map(|program| program.name.as_str()))
+            .filter(|name| self.has(name))
             .collect();
+        names.sort_unstable();
+        names.dedup();
         if names.is_empty() {
             "none; build and install plugins with `cargo xtask build`".to_string()
         } else {

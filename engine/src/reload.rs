@@ -38,17 +38,35 @@ impl Fingerprint {
             .filter_map(Result::ok)
             .map(|entry| entry.path())
             .filter(|path| plugin_stem(path).is_some())
+            .chain(program_files(plugin_dir))
             .filter_map(|path| {
                 let meta = std::fs::metadata(&path).ok()?;
                 Some((path, meta.len(), meta.modified().ok(), inode(&meta)))
             })
             .collect();
         libraries.sort();
+        libraries.dedup();
         Fingerprint {
             config: config_hash(config),
             libraries,
         }
     }
+}
+
+/// The process plugins' files in `plugin_dir`: each manifest and the files it names
+/// (its script, its `files`), so an edited script is a change (docs/process-plugins.md#hot-reload).
+fn program_files(plugin_dir: &Path) -> Vec<PathBuf> {
+    let Ok(catalog) = Catalog::discover(plugin_dir) else {
+        return Vec::new();
+    };
+    catalog
+        .programs()
+        .iter()
+        .flat_map(|program| match &program.manifest {
+            Ok(manifest) => manifest.files.clone(),
+            Err(_) => vec![program.path.clone()],
+        })
+        .collect()
 }
 
 /// The content hash of configuration text (what a runtime command's own write is known by).
@@ -126,7 +144,7 @@ pub struct Watcher {
 impl Watcher {
     /// Starts watching. The configuration's folder is watched, not the file, so a file
     /// replaced by a rename (agentctl, most editors) stays watched; only the events of the
-    /// configuration file and of library files count.
+    /// configuration file and of plugin_dir's files count.
     pub fn start(config_file: &Path, plugin_dir: &Path, changed: Sender<()>) -> Result<Watcher, String> {
         let config_file = canonical(config_file)?;
         let config_dir = config_file.parent().unwrap_or(Path::new("/")).to_path_buf();
@@ -134,8 +152,15 @@ impl Watcher {
         let relevant = {
             let plugin_dir = plugin_dir.clone();
             move |path: &Path| {
+                // Any file of plugin_dir but hidden ones (the shadow copies): a process
+                // plugin's script has no fixed name; an event that changes nothing the
+                // fingerprint covers reloads nothing.
+                let hidden = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_none_or(|n| n.starts_with('.'));
                 path == config_file
-                    || (plugin_stem(path).is_some()
+                    || (!hidden
                         && path.parent() == Some(&*plugin_dir.read().unwrap_or_else(|e| e.into_inner())))
             }
         };

@@ -40,12 +40,20 @@ pub struct LibraryStatus {
     pub summary: Option<String>,
     /// The keys its `[plugin.NAME]` table accepts, each with its meaning (its `describe`).
     pub config_keys: Vec<(String, String)>,
+    /// A process plugin (a program named by `NAME.plugin.toml`, docs/process-plugins.md),
+    /// not a library.
+    pub program: bool,
 }
 
 impl LibraryStatus {
     /// The plugin this entry stands for in the configuration: the name its file gives.
     fn configured_as(&self) -> &str {
-        self.file.as_deref().and_then(plugin_stem).unwrap_or(&self.name)
+        self.file
+            .as_deref()
+            .and_then(|file| {
+                plugin_stem(file).or_else(|| crate::process_plugin::manifest::manifest_stem(file))
+            })
+            .unwrap_or(&self.name)
     }
 }
 
@@ -81,6 +89,7 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
             position: position(&file.name),
             summary: None,
             config_keys: Vec::new(),
+            program: false,
         };
         let result = match file.refusal() {
             Some(refusal) => Err(refusal.clone()),
@@ -109,6 +118,9 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
         }
         statuses.push(status);
     }
+    for program in catalog.programs() {
+        statuses.push(program_status(config, catalog, program));
+    }
     for name in config.chain.iter().chain(&config.view) {
         if !statuses.iter().any(|s| s.configured_as() == name) {
             statuses.push(LibraryStatus {
@@ -126,10 +138,67 @@ fn statuses(config: &Config, catalog: &Catalog, prober: &Prober) -> Vec<LibraryS
                 position: config.place_of(name),
                 summary: None,
                 config_keys: Vec::new(),
+                program: false,
             });
         }
     }
     statuses
+}
+
+/// A process plugin's status: its program started with its table (and ended), which is
+/// how its version and its refusal of the table are known.
+fn program_status(config: &Config, catalog: &Catalog, program: &crate::ProgramFile) -> LibraryStatus {
+    let place = config.place_of(&program.name);
+    let mut status = LibraryStatus {
+        name: program.name.clone(),
+        version: None,
+        file: Some(program.path.clone()),
+        available: false,
+        loads: false,
+        reason: None,
+        config_error: None,
+        enabled: place.is_some(),
+        position: place,
+        summary: None,
+        config_keys: Vec::new(),
+        program: true,
+    };
+    if catalog.program(&program.name).is_none() {
+        status.reason = Some(format!(
+            "a library named {:?} is in plugin_dir too, and wins",
+            program.name
+        ));
+        return status;
+    }
+    let manifest = match &program.manifest {
+        Ok(manifest) => manifest,
+        Err(why) => {
+            status.reason = Some(why.clone());
+            return status;
+        }
+    };
+    status.summary = manifest.description.clone();
+    let load = crate::library::load_context(config, &program.name);
+    match crate::process_plugin::ProcessPlugin::start(
+        manifest,
+        &load.config_json,
+        load.agent_max_ctx,
+        &load.models,
+    ) {
+        Ok(plugin) => {
+            status.version = Some(plugin.version().to_string());
+            status.available = true;
+            status.loads = true;
+        }
+        Err(crate::process_plugin::StartFailure::Config(err)) => {
+            let err = crate::library::table_error(config, &program.name, &err).to_string();
+            status.available = true;
+            status.reason = Some(format!("its configuration is refused: {err}"));
+            status.config_error = Some(err);
+        }
+        Err(crate::process_plugin::StartFailure::Failed(why)) => status.reason = Some(why),
+    }
+    status
 }
 
 /// The history `check` runs the chain on: a system prompt, a task, a tool call with its

@@ -125,6 +125,12 @@ enum Command {
     /// (`[history] isolate`, docs/chain.md#isolation). The host runs it, never a person.
     #[command(name = WORKER_COMMAND, hide = true)]
     Worker,
+    /// Internal: the host's output check on a process plugin's answer, for the Python SDK's
+    /// test helper (docs/process-plugins.md#testing): reads `{"input": [...], "result":
+    /// {...}}` on stdin, prints the resolved history and exits 0, or prints the host's
+    /// refusal on stderr and exits 1.
+    #[command(name = "check-plugin-output", hide = true)]
+    CheckPluginOutput,
 }
 
 /// The hidden subcommand an isolated plugin's worker process runs.
@@ -153,6 +159,33 @@ fn listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("{text} resolves to no address"))
 }
 
+/// `check-plugin-output`: the SDK's test helper's way to the host's own output check.
+fn check_plugin_output() -> ExitCode {
+    use std::io::Read;
+    let mut text = String::new();
+    let checked = std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read stdin: {e}"))
+        .and_then(|_| {
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("stdin is not JSON: {e}"))
+        })
+        .and_then(|value| {
+            let input = value.get("input").ok_or("stdin has no \"input\"")?.to_string();
+            let result = value.get("result").ok_or("stdin has no \"result\"")?.to_string();
+            history_engine::process_plugin::check_result(&input, &result)
+        });
+    match checked {
+        Ok(output) => {
+            println!("{}", history_wire::chat::history_to_string(&output.history));
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("{message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn bad_input(message: String) -> Failure {
     Failure { status: 2, message }
 }
@@ -167,6 +200,9 @@ fn main() -> ExitCode {
     };
     if let Command::Worker = cli.command {
         return history_engine::isolate::worker::serve();
+    }
+    if let Command::CheckPluginOutput = cli.command {
+        return check_plugin_output();
     }
     // Isolated plugins run in this very binary's worker subcommand.
     if let Ok(program) = std::env::current_exe() {
@@ -234,7 +270,9 @@ fn main() -> ExitCode {
             },
         ),
         Command::Expand { index, id, input } => expand(&mut out, index, id.as_deref(), &input),
-        Command::Serve { .. } | Command::Chat { .. } | Command::Worker => unreachable!("run above"),
+        Command::Serve { .. } | Command::Chat { .. } | Command::Worker | Command::CheckPluginOutput => {
+            unreachable!("run above")
+        }
     }));
     guard.disarm();
     match result {

@@ -34,6 +34,7 @@ use std::process::{Command, ExitCode};
 
 mod install;
 mod scaffold;
+mod scaffold_python;
 mod tidy;
 mod workspace;
 
@@ -96,6 +97,9 @@ usage: cargo xtask <task>
                               anthropic and mcp clients) if missing, then run every test:
                               cargo test --workspace ARGS...
   new-plugin NAME [--dir DIR] scaffold a plugin crate in plugins/NAME (or standalone in DIR)
+  new-plugin NAME --python [--dir DIR]
+                              scaffold a Python process plugin (manifest, script, test) in
+                              DIR (default ./NAME), docs/process-plugins.md
   gen-history [--turns N] [--seed S]
                               print a generated agent history (JSON array) to stdout
   bench [--json] [--input FILE] [--max-tokens K] [--runs R]
@@ -103,6 +107,9 @@ usage: cargo xtask <task>
                               measure the chain against its floor
   bench --isolated [--calls N] the same build, then an isolated plugin's call against
                               in-process at 1,000 messages (docs/chain.md#isolation)
+  bench --process [--calls N] the same build, then a pass-through Python process plugin's
+                              call against the cdylib floor at 200 and 1,000 messages
+                              (docs/process-plugins.md#cost)
   bench --big [--case NAME]   the same build, then huge inputs through history-host
                               process: time, exit status, peak RSS
   bench serve [--json] [--sessions N] [--clients C] [--turns T] [--store URL] [--hosts H]
@@ -181,7 +188,9 @@ fn build(root: &Path, profile: Profile) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     let root = workspace::current_root()?;
     build(&root, Profile::Dev)?;
-    python_env(&Metadata::load(&root)?.target_dir)?;
+    let target_dir = Metadata::load(&root)?.target_dir;
+    python_env(&target_dir)?;
+    python_sdk(&root, &target_dir)?;
     run(cargo()
         .current_dir(&root)
         .args(["test", "--workspace"])
@@ -216,6 +225,42 @@ fn python_env(target_dir: &Path) -> Result<()> {
         .args(PYTHON_CLIENTS))
 }
 
+/// The Python SDK (`sdk/python`, docs/process-plugins.md#the-python-sdk): installed into
+/// the tests' virtualenv as its users install it (`pip install ./sdk/python`, every run,
+/// so the e2e tests' plugins use this tree's SDK), then its own tests, whose test helper
+/// runs the host's output check through the built `history-host`.
+fn python_sdk(root: &Path, target_dir: &Path) -> Result<()> {
+    let bin = target_dir.join("py").join("bin");
+    install_sdk(root, target_dir)?;
+    run(Command::new(bin.join("python"))
+        .args(["-m", "unittest", "discover", "-s"])
+        .arg(root.join("sdk").join("python").join("tests"))
+        .env("HISTORY_HOST", target_dir.join("debug").join("history-host")))
+}
+
+/// `pip install ./sdk/python` into the tests' virtualenv, when what is installed is not
+/// this tree's SDK (pip's build needs the package index: only then).
+fn install_sdk(root: &Path, target_dir: &Path) -> Result<()> {
+    let bin = target_dir.join("py").join("bin");
+    let same = "import filecmp, os, sys, history_plugin\n\
+        here = os.path.dirname(history_plugin.__file__)\n\
+        tree = sys.argv[1]\n\
+        names = sorted(n for n in os.listdir(tree) if n.endswith('.py'))\n\
+        ok = names == sorted(n for n in os.listdir(here) if n.endswith('.py'))\n\
+        sys.exit(0 if ok and all(filecmp.cmp(os.path.join(tree, n), os.path.join(here, n), shallow=False) for n in names) else 1)\n";
+    let installed = Command::new(bin.join("python"))
+        .args(["-c", same])
+        .arg(root.join("sdk").join("python").join("history_plugin"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return Ok(());
+    }
+    run(Command::new(bin.join("pip"))
+        .args(["install", "--quiet", "--force-reinstall", "--no-deps"])
+        .arg(root.join("sdk").join("python")))
+}
+
 /// The fuzz driver (`fuzz/src/main.rs`), built in the dev profile as the tests are, so it
 /// shares the test build; a finding fails the task and is saved under
 /// `target/fuzz-findings/`.
@@ -232,12 +277,14 @@ fn fuzz(args: &[String]) -> Result<()> {
 }
 
 fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
-    const USAGE: &str = "new-plugin: usage: cargo xtask new-plugin NAME [--dir DIR]";
+    const USAGE: &str = "new-plugin: usage: cargo xtask new-plugin NAME [--python] [--dir DIR]";
     let mut name = None;
     let mut dir = None;
+    let mut python = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--python" => python = true,
             "--dir" => {
                 let folder = args
                     .next()
@@ -249,6 +296,18 @@ fn new_plugin(args: &[String]) -> std::result::Result<(), Failure> {
         }
     }
     let name = name.ok_or(Failure::Usage(USAGE.into()))?;
+    if python {
+        let dir = dir.unwrap_or_else(|| PathBuf::from(name));
+        let created = scaffold_python::new_python_plugin(name, &dir)?;
+        eprintln!(
+            "created process plugin {name} in {}
+next: pip install ./sdk/python; HISTORY_HOST=target/debug/history-host python3 -m unittest discover -s {}; agentctl install {}; agentctl history-chain-add {name}",
+            created.display(),
+            created.display(),
+            created.join(format!("{name}.plugin.toml")).display()
+        );
+        return Ok(());
+    }
     let root = workspace::current_root()?;
     let created = scaffold::new_plugin(&root, name, dir.as_deref())?;
     eprintln!("created plugin crate {}", created.display());
@@ -379,6 +438,20 @@ fn bench(args: &[String]) -> Result<()> {
         return history_bench(
             &root,
             &["big", "--host", &host, "--plugin-dir", &plugin_dir],
+            &rest,
+        );
+    }
+    if let Some(at) = args.iter().position(|a| a == "--process") {
+        // A pass-through Python process plugin against the cdylib floor
+        // (bench/src/process_plugin.rs), on this tree's SDK.
+        let mut rest = args.to_vec();
+        rest.remove(at);
+        python_env(&metadata.target_dir)?;
+        install_sdk(&root, &metadata.target_dir)?;
+        let python = metadata.target_dir.join("py/bin/python").display().to_string();
+        return history_bench(
+            &root,
+            &["process", "--plugin-dir", &plugin_dir, "--python", &python],
             &rest,
         );
     }

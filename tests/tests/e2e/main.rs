@@ -30,6 +30,7 @@ mod mcp_hosts;
 mod media;
 mod metrics;
 mod process_cli;
+mod process_plugins;
 mod properties;
 mod proxy;
 mod recall;
