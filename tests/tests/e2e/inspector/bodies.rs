@@ -2,7 +2,7 @@
 //! (docs/configuration.md#ui, docs/http-api.md#proxy-traffic): kept cut at `max_body_kb`,
 //! shown by the page as text.
 
-use super::browser::{browser, have_chromedriver, shot, text_of, wait_count, Driver};
+use super::browser::{browser, enter_token, have_chromedriver, shot, text_of, wait_count, Driver};
 use super::{turn_messages, TOKEN};
 use e2e_tests::anthropic_upstream::AnthropicUpstream;
 use e2e_tests::server::{small_window, start_proxy_with, Server};
@@ -124,20 +124,7 @@ fn with_keep_bodies_the_page_shows_the_bodies_as_text() {
     runtime.block_on(async {
         let client = browser(&driver).await;
         client.goto(&server.url("/ui#/proxy")).await.unwrap();
-        client
-            .find(Locator::Css("#token"))
-            .await
-            .unwrap()
-            .send_keys(TOKEN)
-            .await
-            .unwrap();
-        client
-            .find(Locator::Css("#token-form button[type=submit]"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        enter_token(&client).await;
         wait_count(&client, "#traffic-table tbody tr.bodies", 1).await;
         client
             .find(Locator::Css("#traffic-table tr.bodies summary"))

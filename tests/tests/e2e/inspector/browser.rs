@@ -119,6 +119,24 @@ pub(super) async fn wait_count(client: &Client, css: &str, count: usize) {
     }
 }
 
+/// Gives the page the operator token through its form, as an operator does once.
+pub(super) async fn enter_token(client: &Client) {
+    client
+        .find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(super::TOKEN)
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("#token-form button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 pub(super) async fn browser(driver: &Driver) -> Client {
     let mut capabilities = serde_json::Map::new();
     capabilities.insert(

@@ -11,7 +11,7 @@ mod scale;
 use std::io::Write;
 use std::time::Instant;
 
-use browser::{browser, have_chromedriver, shot, text_of, wait_count, Driver, WAIT};
+use browser::{browser, enter_token, have_chromedriver, shot, text_of, wait_count, Driver, WAIT};
 use e2e_tests::server::{agent, shipped_config, Server};
 use e2e_tests::store::{Kind, TestStore};
 use fantoccini::Locator;
@@ -109,20 +109,7 @@ fn the_inspector_shows_a_40_turn_session_as_text_and_refuses_the_list_without_th
         shot(&client, "sessions-refused").await;
 
         // With it the list shows the session.
-        client
-            .find(Locator::Css("#token"))
-            .await
-            .unwrap()
-            .send_keys(TOKEN)
-            .await
-            .unwrap();
-        client
-            .find(Locator::Css("#token-form button[type=submit]"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        enter_token(&client).await;
         let link = text_of(&client, "#sessions-table a.session-link").await;
         assert_eq!(link, id);
         let row = text_of(&client, "#sessions-table tbody tr").await;

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use super::browser::{browser, have_chromedriver, shot, text_of, wait_count, Driver};
+use super::browser::{browser, enter_token, have_chromedriver, shot, text_of, wait_count, Driver};
 use super::{turn_messages, TOKEN};
 use e2e_tests::server::{shipped_config, Server};
 use e2e_tests::store::{Kind, TestStore};
@@ -63,20 +63,7 @@ fn the_inspector_shows_proxy_traffic_to_the_operator_only() {
         client.goto(&server.url("/ui#/proxy")).await.unwrap();
         let refused = text_of(&client, "#traffic-refused").await;
         assert!(refused.contains("401"), "{refused}");
-        client
-            .find(Locator::Css("#token"))
-            .await
-            .unwrap()
-            .send_keys(TOKEN)
-            .await
-            .unwrap();
-        client
-            .find(Locator::Css("#token-form button[type=submit]"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        enter_token(&client).await;
         wait_count(&client, "#traffic-table tbody tr", 2).await;
         let rows = text_of(&client, "#traffic-table tbody").await;
         assert!(
