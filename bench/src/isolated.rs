@@ -24,27 +24,39 @@ const MESSAGES: usize = 1_000;
 const PLUGINS: [&str; 2] = ["floor", "tool_result_filter"];
 
 /// A chain of `default` (with a window past the history, so it passes everything on) and
-/// `plugin`, isolated or not.
+/// `plugin`, with `history_extra` added to its `[history]` (e.g. `isolate = [...]`),
+/// written to `plugin_dir/file_name`: what the per-call benches (`isolated`, `process`)
+/// measure the second stage of.
+pub(crate) fn pass_through_chain(
+    plugin_dir: &Path,
+    plugin: &str,
+    history_extra: &str,
+    file_name: &str,
+) -> Result<(Config, Chain)> {
+    let text = format!(
+        "# Written by `cargo xtask bench`.\nplugin_dir = \".\"\n[history]\n\
+         agent_max_ctx = 100000\nchain = [\"default\", {plugin:?}]\non_plugin_error = \"fail\"\n{history_extra}\n\
+         [models.default]\nmax_context = 100000\ncontext_tokens = 10000000\ntokenizer = \"o200k_base\"\n"
+    );
+    let file = plugin_dir.join(file_name);
+    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    let (config, _, chain) = load_chain(&file).map_err(|e| e.to_string())?;
+    Ok((config, chain))
+}
+
 fn chain(plugin_dir: &Path, plugin: &str, isolated: bool) -> Result<(Config, Chain)> {
     let isolate = if isolated {
         format!("isolate = [{plugin:?}]")
     } else {
         String::new()
     };
-    let text = format!(
-        "# Written by `cargo xtask bench --isolated`.\nplugin_dir = \".\"\n[history]\n\
-         agent_max_ctx = 100000\nchain = [\"default\", {plugin:?}]\non_plugin_error = \"fail\"\n{isolate}\n\
-         [models.default]\nmax_context = 100000\ncontext_tokens = 10000000\ntokenizer = \"o200k_base\"\n"
-    );
-    let file = plugin_dir.join("bench-isolated.toml");
-    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-    let (config, _, chain) = load_chain(&file).map_err(|e| e.to_string())?;
-    Ok((config, chain))
+    pass_through_chain(plugin_dir, plugin, &isolate, "bench-isolated.toml")
 }
 
-/// The median and fastest time of the plugin's stage over `calls` calls, after one
-/// unmeasured call (the worker's counts and the host's warm).
-fn stage_times(
+/// The median and fastest time of the measured plugin's stage (the second) over `calls`
+/// calls, after one unmeasured call (a worker's or a program's start, the host's counts
+/// warm). Every message must pass through both stages.
+pub(crate) fn stage_times(
     config: &Config,
     chain: &Chain,
     history: &[RArc<Message>],
@@ -57,12 +69,12 @@ fn stage_times(
         let run = chain
             .run(history.to_vec(), &ctx, Call::Process)
             .map_err(|e| e.to_string())?;
-        if run.stages[0].messages_out != history.len() {
-            return Err(format!(
-                "default kept {} of {} messages",
-                run.stages[0].messages_out,
-                history.len()
-            ));
+        if let Some(stage) = run
+            .stages
+            .iter()
+            .find(|stage| stage.messages_out != history.len() || stage.skipped.is_some())
+        {
+            return Err(format!("a stage did not pass everything on: {stage:?}"));
         }
         if call > 0 {
             samples.push(run.stages[1].elapsed);

@@ -8,13 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
-use history_bench::{generate_messages, median, quantile};
-use history_engine::chain::stateless_context;
-use history_engine::{load_chain, turns, Call, Chain, Config};
+use history_bench::generate_messages;
+use history_engine::{turns, Chain, Config};
 use history_wire::chat::parse_history;
 use plugin_api::{Message, RArc};
 use serde_json::{json, Value};
 
+use crate::isolated::{pass_through_chain, stage_times};
 use crate::{check_flags, flag, round, us, Result};
 
 /// The history sizes measured: the target's (≤ 2 ms a call at 200) and the replay's.
@@ -26,43 +26,19 @@ class PassThrough(Plugin):\n    name = \"bench_passthrough\"\n    version = \"1.
 run(PassThrough())\n";
 
 fn chain(plugin_dir: &Path, plugin: &str) -> Result<(Config, Chain)> {
-    let text = format!(
-        "# Written by `cargo xtask bench --process`.\nplugin_dir = \".\"\n[history]\n\
-         agent_max_ctx = 100000\nchain = [\"default\", {plugin:?}]\non_plugin_error = \"fail\"\n\
-         [models.default]\nmax_context = 100000\ncontext_tokens = 10000000\ntokenizer = \"o200k_base\"\n"
-    );
-    let file = plugin_dir.join("bench-process.toml");
-    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-    let (config, _, chain) = load_chain(&file).map_err(|e| e.to_string())?;
-    Ok((config, chain))
+    pass_through_chain(plugin_dir, plugin, "", "bench-process.toml")
 }
 
-/// The median and fastest stage time of the chain's second stage over `calls` calls, after
-/// one unmeasured call.
-fn stage_times(
+/// [`stage_times`] in microseconds.
+fn stage_us(
     config: &Config,
     chain: &Chain,
     history: &[RArc<Message>],
     turn: u64,
     calls: usize,
 ) -> Result<(f64, f64)> {
-    let ctx = stateless_context(config, config.model("default"), turn);
-    let mut samples = Vec::with_capacity(calls);
-    for call in 0..=calls {
-        let run = chain
-            .run(history.to_vec(), &ctx, Call::Process)
-            .map_err(|e| e.to_string())?;
-        if run.stages[1].messages_out != history.len() || run.stages[1].skipped.is_some() {
-            return Err(format!(
-                "the measured stage did not pass everything on: {:?}",
-                run.stages[1]
-            ));
-        }
-        if call > 0 {
-            samples.push(run.stages[1].elapsed);
-        }
-    }
-    Ok((us(median(&samples)), us(quantile(&samples, 0.0))))
+    let (median, best) = stage_times(config, chain, history, turn, calls)?;
+    Ok((us(median), us(best)))
 }
 
 pub fn process(args: &[String]) -> Result<()> {
@@ -91,9 +67,9 @@ pub fn process(args: &[String]) -> Result<()> {
         let turn = turns::current_turn(&history, None);
         turns::prepare(&mut history, turn);
         // Interleaved, so both see the same machine.
-        let (floor_us, floor_best) = stage_times(&config, &floor, &history, turn, calls)?;
-        let (program_us, program_best) = stage_times(&config, &program, &history, turn, calls)?;
-        let (floor_us2, _) = stage_times(&config, &floor, &history, turn, calls)?;
+        let (floor_us, floor_best) = stage_us(&config, &floor, &history, turn, calls)?;
+        let (program_us, program_best) = stage_us(&config, &program, &history, turn, calls)?;
+        let (floor_us2, _) = stage_us(&config, &floor, &history, turn, calls)?;
         let floor_us = floor_us.min(floor_us2);
         sizes.push(json!({
             "messages": history.len(),
