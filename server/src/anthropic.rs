@@ -168,21 +168,18 @@ pub async fn messages(
     let added_ms = started.elapsed().as_secs_f64() * 1000.0;
     let kept = app.traffic.keeps_bodies().then(|| forwarded.clone());
     let mut answer = proxy::forward(upstream, Method::POST, &path, &headers, forwarded).await;
-    let request = crate::traffic::Request {
+    let request = crate::traffic::Request::of_run(
         at,
-        wire: "anthropic",
-        model: Some(model),
-        session: session.is_some(),
-        messages_in: run.messages_in,
-        messages_sent: run.history.len(),
-        tokens_in: run.tokens_in,
-        tokens_sent: run.tokens_out,
+        "anthropic",
+        Some(model),
+        session.is_some(),
+        &run,
         added_ms,
-        status: match &answer {
+        match &answer {
             Ok(response) => response.status().as_u16(),
             Err(e) => e.status().as_u16(),
         },
-    };
+    );
     app.traffic.record(request, kept.as_ref(), answer.as_mut().ok());
     let mut response = answer?;
     let added = response.headers_mut();

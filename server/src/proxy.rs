@@ -230,21 +230,18 @@ pub async fn chat_completions(
             )
         }
     };
-    let request = crate::traffic::Request {
+    let request = crate::traffic::Request::of_run(
         at,
-        wire: "chat",
+        "chat",
         model,
-        session: session.is_some(),
-        messages_in: run.messages_in,
-        messages_sent: run.history.len(),
-        tokens_in: run.tokens_in,
-        tokens_sent: run.tokens_out,
+        session.is_some(),
+        &run,
         added_ms,
-        status: match &forwarded {
+        match &forwarded {
             Ok(response) => response.status().as_u16(),
             Err(e) => e.status.as_u16(),
         },
-    };
+    );
     app.traffic
         .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;

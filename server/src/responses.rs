@@ -104,21 +104,18 @@ pub async fn responses(
     let added_ms = started.elapsed().as_secs_f64() * 1000.0;
     let kept = app.traffic.keeps_bodies().then(|| body.clone());
     let mut forwarded = forward(upstream, Method::POST, PATH, &headers, body).await;
-    let request = crate::traffic::Request {
+    let request = crate::traffic::Request::of_run(
         at,
-        wire: "responses",
+        "responses",
         model,
-        session: headers.contains_key(SESSION_HEADER),
-        messages_in: run.messages_in,
-        messages_sent: run.history.len(),
-        tokens_in: run.tokens_in,
-        tokens_sent: run.tokens_out,
+        headers.contains_key(SESSION_HEADER),
+        &run,
         added_ms,
-        status: match &forwarded {
+        match &forwarded {
             Ok(response) => response.status().as_u16(),
             Err(e) => e.status().as_u16(),
         },
-    };
+    );
     app.traffic
         .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;

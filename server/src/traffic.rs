@@ -32,6 +32,32 @@ pub(crate) struct Request {
     pub(crate) status: u16,
 }
 
+impl Request {
+    /// A request whose history the chain ran on as `run`.
+    pub(crate) fn of_run(
+        at: u64,
+        wire: &'static str,
+        model: Option<String>,
+        session: bool,
+        run: &history_engine::ChainRun,
+        added_ms: f64,
+        status: u16,
+    ) -> Request {
+        Request {
+            at,
+            wire,
+            model,
+            session,
+            messages_in: run.messages_in,
+            messages_sent: run.history.len(),
+            tokens_in: run.tokens_in,
+            tokens_sent: run.tokens_out,
+            added_ms,
+            status,
+        }
+    }
+}
+
 /// One body's first bytes, at most the bound, and its whole length.
 #[derive(Debug, Default)]
 struct Kept {
