@@ -14,9 +14,15 @@ use serde_json::{json, Value};
 const PLACEHOLDER: &str = r#"placeholder = "[Omitted: call expand_message with id \"{id}\" to read it]""#;
 
 fn turn_messages(turn: u64) -> Value {
+    turn_messages_of(turn, 40)
+}
+
+/// Turn `turn`'s messages: a question, a file read and its result (`words` words of
+/// filler); turn 5's result holds the fact asked for on a later turn.
+pub(super) fn turn_messages_of(turn: u64, words: usize) -> Value {
     let result = match turn {
         5 => "deploy notes: the staging database password rotates on the zebra-quartz schedule".to_string(),
-        _ => format!("contents of file_{turn}.txt: {}", "data ".repeat(40)),
+        _ => format!("contents of file_{turn}.txt: {}", "data ".repeat(words)),
     };
     json!([
         {"role": "user", "content": format!("step {turn}: read file_{turn}.txt")},

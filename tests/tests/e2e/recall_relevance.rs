@@ -9,20 +9,9 @@ use e2e_tests::server::{shipped_config, Server};
 use e2e_tests::store::{Kind, TestStore};
 use serde_json::{json, Value};
 
-/// Turn `turn`'s messages: a question, a file read and its answer; turn 5's result holds
-/// the fact asked for on turn 61.
+/// Turn `turn`'s messages; turn 5's result holds the fact asked for on turn 61.
 fn turn_messages(turn: u64) -> Value {
-    let result = match turn {
-        5 => "deploy notes: the staging database password rotates on the zebra-quartz schedule".to_string(),
-        _ => format!("contents of file_{turn}.txt: {}", "data ".repeat(20)),
-    };
-    json!([
-        {"role": "user", "content": format!("step {turn}: read file_{turn}.txt")},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{turn}"), "type": "function",
-            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"file_{turn}.txt\"}}")}}]},
-        {"role": "tool", "tool_call_id": format!("c{turn}"), "content": result},
-        {"role": "assistant", "content": format!("done {turn}")},
-    ])
+    super::recall::turn_messages_of(turn, 20)
 }
 
 /// The shipped configuration with `relevance` first in the view, drawing from the
