@@ -504,6 +504,7 @@ async fn chain(State(app): State<App>) -> Json<Value> {
                 "failed": s.totals.failed,
                 "quarantined": s.quarantined,
                 "worker_starts": s.worker_starts,
+                "program_starts": s.program_starts,
             })
         })
         .collect();

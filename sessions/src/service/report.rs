@@ -25,6 +25,8 @@ pub struct StageInfo {
     pub quarantined: bool,
     /// An isolated plugin's worker processes started so far (docs/chain.md#isolation).
     pub worker_starts: Option<u64>,
+    /// A process plugin's program starts so far (docs/process-plugins.md#faults).
+    pub program_starts: Option<u64>,
 }
 
 /// The running chain and the host-wide settings.
@@ -58,6 +60,7 @@ impl Service {
                 totals: self.metrics.plugin_totals(&stage.name),
                 quarantined: stage.is_quarantined(),
                 worker_starts: stage.worker_starts(),
+                program_starts: stage.program_starts(),
             })
             .collect();
         ChainReport {

@@ -277,6 +277,19 @@ fn a_plugin_that_exits_is_restarted_at_the_next_call() {
     let after = pid_of(&turn(&server, &one, "still there?"));
     assert_ne!(first, after, "a new process serves the next call");
     assert_eq!(server.get("/healthz").status, 200, "an exit is no quarantine");
+    // The operator sees it: the program started twice, a library has no such count.
+    let chain = server.get("/v1/chain").body;
+    let stage = |name: &str| {
+        chain["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {chain}"))
+            .clone()
+    };
+    assert_eq!(stage("quitter")["program_starts"], j!(2), "{chain}");
+    assert_eq!(stage("default")["program_starts"], Value::Null, "{chain}");
     assert!(server.stop().success());
 }
 
