@@ -183,28 +183,12 @@ pub async fn messages(
     app.traffic.record(request, kept.as_ref(), answer.as_mut().ok());
     let mut response = answer?;
     let added = response.headers_mut();
-    let mut add = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            added.insert(HeaderName::from_static(name), value);
-        }
-    };
-    add(
-        "x-history-messages",
-        format!("{}->{}", run.messages_in, run.history.len()),
-    );
-    add(
-        "x-history-tokens",
-        format!("{}->{}", run.tokens_in, run.tokens_out),
-    );
+    proxy::add_report(added, &run, unknown_model.as_deref());
     if parsed.cache_breakpoints > 0 {
-        add(
-            "x-history-cache-breakpoints",
-            format!("{}->{}", parsed.cache_breakpoints, written.cache_breakpoints),
-        );
-    }
-    if let Some(name) = unknown_model {
-        let shown = history_engine::echo::quoted(&name);
-        add("x-history-model", format!("default (unknown {shown})"));
+        let breakpoints = format!("{}->{}", parsed.cache_breakpoints, written.cache_breakpoints);
+        if let Ok(value) = HeaderValue::from_str(&breakpoints) {
+            added.insert(HeaderName::from_static("x-history-cache-breakpoints"), value);
+        }
     }
     Ok(response)
 }

@@ -245,20 +245,35 @@ pub async fn chat_completions(
     app.traffic
         .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;
-    let added = response.headers_mut();
-    if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.messages_in, run.history.len())) {
-        added.insert(HeaderName::from_static("x-history-messages"), value);
-    }
-    if let Ok(value) = HeaderValue::from_str(&format!("{}->{}", run.tokens_in, run.tokens_out)) {
-        added.insert(HeaderName::from_static("x-history-tokens"), value);
-    }
-    if let Some(name) = unknown_model {
-        let shown = history_engine::echo::quoted(&name);
-        if let Ok(value) = HeaderValue::from_str(&format!("default (unknown {shown})")) {
-            added.insert(HeaderName::from_static("x-history-model"), value);
-        }
-    }
+    add_report(response.headers_mut(), &run, unknown_model.as_deref());
     Ok(response)
+}
+
+/// What the chain did, on the answer of every wire (docs/proxy.md#a-request):
+/// `X-History-Messages` and `X-History-Tokens` as `IN->OUT`, and `X-History-Model` when
+/// the request named a model the configuration does not list.
+pub(crate) fn add_report(
+    headers: &mut HeaderMap,
+    run: &history_engine::ChainRun,
+    unknown_model: Option<&str>,
+) {
+    let mut add = |name: &'static str, value: String| {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    add(
+        "x-history-messages",
+        format!("{}->{}", run.messages_in, run.history.len()),
+    );
+    add(
+        "x-history-tokens",
+        format!("{}->{}", run.tokens_in, run.tokens_out),
+    );
+    if let Some(name) = unknown_model {
+        let shown = history_engine::echo::quoted(name);
+        add("x-history-model", format!("default (unknown {shown})"));
+    }
 }
 
 /// A history still over the model's `context_tokens` after the chain is answered as the

@@ -119,24 +119,7 @@ pub async fn responses(
     app.traffic
         .record(request, kept.as_ref(), forwarded.as_mut().ok());
     let mut response = forwarded?;
-    let added = response.headers_mut();
-    let mut add = |name: &'static str, value: String| {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            added.insert(HeaderName::from_static(name), value);
-        }
-    };
-    add(
-        "x-history-messages",
-        format!("{}->{}", run.messages_in, run.history.len()),
-    );
-    add(
-        "x-history-tokens",
-        format!("{}->{}", run.tokens_in, run.tokens_out),
-    );
-    if let Some(name) = unknown_model {
-        let shown = history_engine::echo::quoted(&name);
-        add("x-history-model", format!("default (unknown {shown})"));
-    }
+    crate::proxy::add_report(response.headers_mut(), &run, unknown_model.as_deref());
     Ok(response)
 }
 
