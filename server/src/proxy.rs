@@ -114,6 +114,19 @@ pub(crate) fn upstream(app: &App) -> Result<&Upstream> {
     })
 }
 
+/// A request's body, or why it could not be read, in OpenAI's error shape (the chat and
+/// Responses wires').
+pub(crate) fn body_bytes(body: std::result::Result<Bytes, BytesRejection>) -> Result<Bytes> {
+    body.map_err(|rejection| {
+        OpenAiError::new(
+            rejection.status(),
+            "invalid_request_error",
+            "invalid_body",
+            format!("cannot read the body: {}", rejection.body_text()),
+        )
+    })
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(app): State<App>,
@@ -123,14 +136,7 @@ pub async fn chat_completions(
     let upstream = upstream(&app)?;
     let started = std::time::Instant::now();
     let at = history_sessions::clock::now_ms();
-    let bytes = body.map_err(|rejection| {
-        OpenAiError::new(
-            rejection.status(),
-            "invalid_request_error",
-            "invalid_body",
-            format!("cannot read the body: {}", rejection.body_text()),
-        )
-    })?;
+    let bytes = body_bytes(body)?;
     // Parsed once: the members stay raw JSON text, `messages` is split into its messages'
     // texts in the same pass, and only `model` is read further.
     let body = match RequestBody::read(&bytes, Some("messages")) {

@@ -31,14 +31,7 @@ pub async fn responses(
     let upstream = upstream(&app)?;
     let started = std::time::Instant::now();
     let at = history_sessions::clock::now_ms();
-    let bytes = body.map_err(|rejection| {
-        OpenAiError::new(
-            rejection.status(),
-            "invalid_request_error",
-            "invalid_body",
-            format!("cannot read the body: {}", rejection.body_text()),
-        )
-    })?;
+    let bytes = crate::proxy::body_bytes(body)?;
     // Read once, `input` split into its items in the same pass; a string `input` (or
     // any other value) is read again whole, its text written back as it came.
     let (members, items) = match RequestBody::read(&bytes, Some("input")) {

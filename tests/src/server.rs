@@ -192,6 +192,38 @@ impl Server {
     }
 
     /// What the server wrote on stderr so far.
+    /// A raw POST of `body` (any bytes) to `path` with `headers`: the status, the headers
+    /// (names in lower case) and the body's text, whatever the status.
+    pub fn post_raw(
+        &self,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, Vec<(String, String)>, String) {
+        let mut request = agent()
+            .post(&self.url(path))
+            .set("Content-Type", "application/json");
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        let response = match request.send_string(body) {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(e) => panic!("transport error: {e}"),
+        };
+        let headers = response
+            .headers_names()
+            .iter()
+            .map(|n| {
+                (
+                    n.to_ascii_lowercase(),
+                    response.header(n).unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        (response.status(), headers, response.into_string().unwrap())
+    }
+
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }

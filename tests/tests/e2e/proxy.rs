@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
-use e2e_tests::server::{agent, shipped_config, small_window, start_proxy, Answer, Server};
+use e2e_tests::server::{shipped_config, small_window, start_proxy, Answer, Server};
 use e2e_tests::upstream::{Behaviour, TlsIdentity, Upstream};
 use e2e_tests::{json, real_data_dir, TestConfig};
 use history_engine::{load_chain, stateless_context, turns, Call};
@@ -20,29 +20,7 @@ pub(crate) fn openai_client(spec: &Value) -> Value {
 
 /// A raw POST of `body` (any bytes) to the proxy, with `headers`.
 fn post_raw(server: &Server, body: &str, headers: &[(&str, &str)]) -> (Answer, Vec<(String, String)>) {
-    let mut request = agent()
-        .post(&server.url("/v1/chat/completions"))
-        .set("Content-Type", "application/json");
-    for (name, value) in headers {
-        request = request.set(name, value);
-    }
-    let response = match request.send_string(body) {
-        Ok(response) => response,
-        Err(ureq::Error::Status(_, response)) => response,
-        Err(e) => panic!("transport error: {e}"),
-    };
-    let names = response.headers_names();
-    let headers = names
-        .iter()
-        .map(|n| {
-            (
-                n.to_ascii_lowercase(),
-                response.header(n).unwrap_or("").to_string(),
-            )
-        })
-        .collect();
-    let status = response.status();
-    let text = response.into_string().unwrap();
+    let (status, headers, text) = server.post_raw("/v1/chat/completions", body, headers);
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (Answer { status, body }, headers)
 }

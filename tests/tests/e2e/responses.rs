@@ -4,7 +4,7 @@
 //! `openai` Python client's `client.responses.create` and by a plain HTTP client.
 
 use e2e_tests::responses_upstream::refusal;
-use e2e_tests::server::{agent, small_window, start_proxy, Server};
+use e2e_tests::server::{small_window, start_proxy, Server};
 use e2e_tests::upstream::{Behaviour, Upstream};
 use e2e_tests::{json, real_data_dir};
 use serde_json::value::RawValue;
@@ -167,28 +167,7 @@ fn raw_body(instructions: &str, items: &[Value]) -> String {
 }
 
 fn post_raw(server: &Server, body: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
-    let mut request = agent()
-        .post(&server.url("/v1/responses"))
-        .set("Content-Type", "application/json");
-    for (name, value) in headers {
-        request = request.set(name, value);
-    }
-    let response = match request.send_string(body) {
-        Ok(response) => response,
-        Err(ureq::Error::Status(_, response)) => response,
-        Err(e) => panic!("transport error: {e}"),
-    };
-    let names = response.headers_names();
-    let headers = names
-        .iter()
-        .map(|n| {
-            (
-                n.to_ascii_lowercase(),
-                response.header(n).unwrap_or("").to_string(),
-            )
-        })
-        .collect();
-    (response.status(), headers, response.into_string().unwrap())
+    server.post_raw("/v1/responses", body, headers)
 }
 
 fn got<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
