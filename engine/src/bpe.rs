@@ -75,7 +75,7 @@ pub(crate) struct Encoding {
     /// from the regex's own pool for every piece, and a thread other than the pool's
     /// first takes it under a mutex: with the service's many threads that was a fifth of
     /// counting in the serve bench.
-    caches: Pool<Cache, NewCache>,
+    caches: Pool<Scratch, NewScratch>,
     ranks: RankTable<'static>,
     /// The pattern worked by hand for ASCII (`o200k_base`'s, crate::bpe_ascii): a
     /// piece's end, or `None` where the regex must decide.
@@ -85,7 +85,103 @@ pub(crate) struct Encoding {
 /// The end of the piece that starts at a position, or `None` (crate::bpe_ascii).
 type AsciiPiece = fn(&[u8], usize) -> Option<usize>;
 
-type NewCache = Box<dyn Fn() -> Cache + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
+type NewScratch = Box<dyn Fn() -> Scratch + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
+
+/// What one count works with, taken from the encoding's pool and given back after: the
+/// regex's search cache and the counts of the pieces counted lately.
+pub(crate) struct Scratch {
+    regex: Cache,
+    pieces: PieceCounts,
+}
+
+/// The token counts of recently counted pieces, direct-mapped by the pieces' hash: words
+/// repeat (a piece is five bytes on average, and a session's text says the same words
+/// again and again), and a hit costs one look into this small table where the count costs
+/// a look-up in the vocabulary's table of megabytes, a cache miss or several, and for a
+/// piece that is not one token the byte-pair merge as well (docs/sessions.md#tokens).
+/// Exact: an entry holds the piece's bytes and is used only for the same bytes.
+struct PieceCounts {
+    entries: Box<[PieceEntry]>,
+}
+
+/// Pieces longer than this are counted without the cache (few are; they rarely repeat).
+const CACHED_PIECE: usize = 23;
+
+/// 8,192 entries of 32 bytes: 256 KiB, within a core's L2 cache.
+const PIECE_ENTRIES: usize = 8192;
+
+/// A cached piece: its bytes zero-padded to 23 and its length in the last byte, as three
+/// words, so a look-up compares three words (no piece is empty: an all-zero key is an
+/// empty entry).
+type PieceKey = [u64; 3];
+
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct PieceEntry {
+    key: PieceKey,
+    count: u64,
+}
+
+/// The key of the piece `text[start..start + len]`, `len` at most [`CACHED_PIECE`].
+#[inline]
+fn piece_key(text: &[u8], start: usize, len: usize) -> PieceKey {
+    let mut words = [0u64; 3];
+    if start + 24 <= text.len() {
+        // Three unaligned loads, the bytes past the piece masked off below.
+        for (i, word) in words.iter_mut().enumerate() {
+            let at = start + 8 * i;
+            *word = u64::from_le_bytes(text[at..at + 8].try_into().expect("8 bytes"));
+        }
+    } else {
+        let mut bytes = [0u8; 24];
+        bytes[..len].copy_from_slice(&text[start..start + len]);
+        for (i, word) in words.iter_mut().enumerate() {
+            *word = u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        }
+    }
+    for (i, word) in words.iter_mut().enumerate() {
+        let kept = len.saturating_sub(8 * i).min(8);
+        *word &= if kept == 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * kept)) - 1
+        };
+    }
+    words[2] |= (len as u64) << 56;
+    words
+}
+
+/// The slot of a key: FxHash's mixing of its three words.
+#[inline]
+fn piece_slot(key: &PieceKey) -> usize {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut h = key[0].wrapping_mul(K);
+    h = (h.rotate_left(5) ^ key[1]).wrapping_mul(K);
+    h = (h.rotate_left(5) ^ key[2]).wrapping_mul(K);
+    (h >> 40) as usize & (PIECE_ENTRIES - 1)
+}
+
+impl PieceCounts {
+    fn new() -> PieceCounts {
+        PieceCounts {
+            entries: vec![PieceEntry::default(); PIECE_ENTRIES].into_boxed_slice(),
+        }
+    }
+
+    /// The count of the piece `text[start..start + len]` (at most [`CACHED_PIECE`] bytes),
+    /// from the cache or by `count`.
+    #[inline]
+    fn get_or(&mut self, text: &[u8], start: usize, len: usize, count: impl FnOnce() -> u64) -> u64 {
+        let key = piece_key(text, start, len);
+        let entry = &mut self.entries[piece_slot(&key)];
+        if entry.key == key {
+            return entry.count;
+        }
+        let counted = count();
+        *entry = PieceEntry { key, count: counted };
+        counted
+    }
+}
 
 /// The `o200k_base` encoding (its pattern is compiled on first use).
 pub(crate) fn o200k_base() -> &'static Encoding {
@@ -105,7 +201,10 @@ impl Encoding {
         let for_caches = split.clone();
         Encoding {
             split,
-            caches: Pool::new(Box::new(move || for_caches.create_cache())),
+            caches: Pool::new(Box::new(move || Scratch {
+                regex: for_caches.create_cache(),
+                pieces: PieceCounts::new(),
+            })),
             ranks: RankTable::new(ranks),
             ascii,
         }
@@ -116,18 +215,25 @@ impl Encoding {
         self.count_with(&mut self.caches.get(), text)
     }
 
-    fn count_with(&self, cache: &mut Cache, text: &str) -> u64 {
+    fn count_with(&self, scratch: &mut Scratch, text: &str) -> u64 {
         let mut count = 0u64;
         let mut start = 0;
         while start < text.len() {
             let end = match self.ascii.and_then(|piece| piece(text.as_bytes(), start)) {
                 Some(end) => end,
-                None => self.regex_piece(cache, text, start),
+                None => self.regex_piece(&mut scratch.regex, text, start),
             };
             let piece = &text.as_bytes()[start..end];
-            count += match self.ranks.get(piece) {
+            let count_piece = || match self.ranks.get(piece) {
                 Some(_) => 1,
                 None => byte_pair_count(piece, &self.ranks),
+            };
+            count += if piece.len() <= CACHED_PIECE {
+                scratch
+                    .pieces
+                    .get_or(text.as_bytes(), start, piece.len(), count_piece)
+            } else {
+                count_piece()
             };
             start = end;
         }
@@ -457,6 +563,24 @@ mod tests {
     }
 
     #[test]
+    fn a_piece_has_one_key_wherever_it_stands_and_its_own() {
+        // Mid-text (three loads, the rest masked off) and at the end (copied): one key.
+        let text = b"xx hello world, and then some more text after it";
+        let tail = b"the end: hello";
+        let key = piece_key(text, 2, 6);
+        assert_eq!(key, piece_key(tail, tail.len() - 6, 6));
+        assert_ne!(key, piece_key(text, 2, 5), "a prefix is another piece");
+        assert_ne!(key, piece_key(text, 3, 6));
+        let long = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        assert_ne!(piece_key(long, 0, 23), piece_key(long, 0, 22));
+        assert_eq!(piece_key(long, 1, 23), piece_key(&long[1..24], 0, 23));
+        // Counted twice through the cache, a text gives tiktoken's count both times.
+        let text = "The same words, the same words again: the same words.";
+        assert_eq!(count(text), o200k(text));
+        assert_eq!(count(text), o200k(text));
+    }
+
+    #[test]
     fn the_ascii_pieces_are_the_regexs() {
         // Random text over the characters each branch turns on, ASCII and not: every
         // piece the hand-made split gives is the regex's.
@@ -465,6 +589,7 @@ mod tests {
             .collect();
         let encoding = o200k_base();
         let mut cache = encoding.caches.get();
+        let cache = &mut cache.regex;
         let mut state = 7u64;
         let mut decided = 0;
         for _ in 0..20_000 {
@@ -474,7 +599,7 @@ mod tests {
                 .collect();
             let mut start = 0;
             while start < text.len() {
-                let by_regex = encoding.regex_piece(&mut cache, &text, start);
+                let by_regex = encoding.regex_piece(cache, &text, start);
                 if let Some(end) = crate::bpe_ascii::o200k_piece(text.as_bytes(), start) {
                     assert_eq!(end, by_regex, "{text:?} from {start}");
                     decided += 1;
