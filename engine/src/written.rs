@@ -35,8 +35,25 @@ pub const MAX_BYTES: usize = 64 << 20;
 /// remembered; the others (made for this answer by a view stage) are written and
 /// forgotten, so they do not crowd out what comes again.
 pub fn write_history(out: &mut String, history: &[RArc<Message>], lasting: &[RArc<Message>]) {
+    memory().write(out, history, lasting);
+}
+
+/// Remembers `text` as the JSON text of `message`, written by the caller with
+/// `history_wire::chat::write_message` (a session writes each new message's transcript row
+/// so): its first answer copies it instead of escaping the message a second time. The
+/// caller passes only a message of the working history it keeps, as [`write_history`]
+/// remembers only those.
+pub fn remember(message: &RArc<Message>, text: &str) {
+    let key = address(message);
+    let bytes = 2 * text.len() + std::mem::size_of::<Message>();
+    memory()
+        .0
+        .insert(spread(key), key, (message.clone(), text.into()), bytes);
+}
+
+fn memory() -> &'static Memory {
     static WIRE: OnceLock<Memory> = OnceLock::new();
-    WIRE.get_or_init(Memory::default).write(out, history, lasting);
+    WIRE.get_or_init(Memory::default)
 }
 
 /// A message's address → the message (kept alive, so the address stays its) and its text.
@@ -120,6 +137,21 @@ mod tests {
         let mut out = String::new();
         write_history(&mut out, &history, &history);
         assert_eq!(out, history_wire::chat::history_to_string(&history));
+    }
+
+    #[test]
+    fn a_remembered_transcript_text_is_what_the_answer_copies() {
+        let history = history_from_str(JSON).unwrap();
+        remember(&history[0], &history_wire::chat::message_to_string(&history[0]));
+        let mut out = String::new();
+        write_history(&mut out, &history, &history);
+        assert_eq!(out, history_wire::chat::history_to_string(&history));
+        // The copy is what was remembered: a text remembered for a message is its text.
+        let marked = history_from_str(JSON).unwrap();
+        remember(&marked[1], "\"marker\"");
+        let mut out = String::new();
+        write_history(&mut out, &marked, &marked);
+        assert!(out.ends_with(",\"marker\"]"), "{out}");
     }
 
     #[test]

@@ -209,10 +209,7 @@ impl Session {
         }
         let mut known = self.known();
         for (offset, message) in entering.iter().enumerate() {
-            known
-                .entry(message.origin())
-                .or_default()
-                .push((message.clone(), WorkingRef::Transcript(first_seq + offset as u64)));
+            known.add(message, WorkingRef::Transcript(first_seq + offset as u64));
         }
         history.extend(entering.iter().cloned());
         let mut run = env
@@ -248,6 +245,17 @@ impl Session {
                 tokens: token_counts(m),
             })
             .collect();
+        // The answer writes the new messages the chain kept as their transcript rows are
+        // written: it copies those texts instead (docs/sessions.md#answers).
+        let kept_from = run.working.len().saturating_sub(entering.len() + 8);
+        for (message, row) in entering.iter().zip(&transcript) {
+            if run.working[kept_from..]
+                .iter()
+                .any(|kept| std::ptr::eq::<Message>(&**kept, &**message))
+            {
+                history_engine::written::remember(message, &row.message);
+            }
+        }
         env.store.commit(&SessionWrite {
             row: Some(&row),
             transcript: &transcript,

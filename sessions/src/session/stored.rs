@@ -174,10 +174,13 @@ impl Session {
                     let key = row.next_copy;
                     row.next_copy += 1;
                     let origin = message.origin();
+                    let text = message_to_string(message);
+                    // The answer writes this working message too: it copies this text.
+                    history_engine::written::remember(message, &text);
                     new_copies.push(CopyRow {
                         key,
                         seq: (origin != 0 && origin <= row.transcript_len).then_some(origin),
-                        message: message_to_string(message),
+                        message: text,
                         tokens: token_counts(message),
                     });
                     WorkingRef::Copy(key)
@@ -233,12 +236,9 @@ pub(super) fn sent_entries(
 
 /// `messages` by identity, each with its store entry (`refs`, in step).
 fn by_origin(messages: &[RArc<Message>], refs: &[WorkingRef]) -> Known {
-    let mut known: Known = HashMap::with_capacity_and_hasher(messages.len(), Default::default());
+    let mut known = Known::with_capacity(messages.len() + 16);
     for (message, reference) in messages.iter().zip(refs) {
-        known
-            .entry(message.origin())
-            .or_default()
-            .push((message.clone(), *reference));
+        known.add(message, *reference);
     }
     known
 }
@@ -246,8 +246,8 @@ fn by_origin(messages: &[RArc<Message>], refs: &[WorkingRef]) -> Known {
 /// The store entry of `message` in `known`: of the very same message, or of one with the
 /// same identity and the same bytes.
 fn entry_of(known: &Known, message: &RArc<Message>) -> Option<WorkingRef> {
-    known.get(&message.origin())?.iter().find_map(|(m, reference)| {
-        (std::ptr::eq::<Message>(&**m, &**message) || **m == **message).then_some(*reference)
+    known.of(message.origin()).find_map(|(m, reference)| {
+        (std::ptr::eq::<Message>(&**m, &**message) || **m == **message).then_some(reference)
     })
 }
 
@@ -292,8 +292,45 @@ pub(super) fn copies_of(entries: &[SentEntry]) -> Vec<u64> {
 }
 
 /// Messages by identity (their origin), each with its store entry ([`entry_of`]); built
-/// twice a turn over the whole working history, so hashed with FxHash.
-pub(super) type Known = HashMap<u64, Vec<(RArc<Message>, WorkingRef)>, rustc_hash::FxBuildHasher>;
+/// twice a turn over the whole working history, so hashed with FxHash, and with no list
+/// per identity: nearly every identity has one message, the others wait in `more`.
+#[derive(Default)]
+pub(super) struct Known {
+    first: HashMap<u64, (RArc<Message>, WorkingRef), rustc_hash::FxBuildHasher>,
+    more: Vec<(u64, RArc<Message>, WorkingRef)>,
+}
+
+impl Known {
+    pub(super) fn with_capacity(capacity: usize) -> Known {
+        Known {
+            first: HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            more: Vec::new(),
+        }
+    }
+
+    pub(super) fn add(&mut self, message: &RArc<Message>, reference: WorkingRef) {
+        let origin = message.origin();
+        match self.first.entry(origin) {
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert((message.clone(), reference));
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.more.push((origin, message.clone(), reference));
+            }
+        }
+    }
+
+    /// The messages of `origin` with their entries, in the order they were added.
+    fn of(&self, origin: u64) -> impl Iterator<Item = (&RArc<Message>, WorkingRef)> {
+        let first = self.first.get(&origin).map(|(m, r)| (m, *r));
+        let more = self
+            .more
+            .iter()
+            .filter(move |(o, ..)| *o == origin)
+            .map(|(_, m, r)| (m, *r));
+        first.into_iter().chain(more)
+    }
+}
 
 /// What storing a working history writes ([`Session::working_update`]).
 pub(super) struct WorkingUpdate {
