@@ -77,13 +77,11 @@ pub(crate) struct Encoding {
     /// counting in the serve bench.
     caches: Pool<Scratch, NewScratch>,
     ranks: RankTable<'static>,
-    /// The pattern worked by hand for ASCII (`o200k_base`'s, crate::bpe_ascii): a
-    /// piece's end, or `None` where the regex must decide.
-    ascii: Option<AsciiPiece>,
+    /// The pattern is `o200k_base`'s, worked by hand for ASCII (crate::bpe_ascii): a
+    /// piece's end, or `None` where the regex must decide. Called directly, not through
+    /// a function pointer, so it is inlined into the count's loop.
+    ascii_o200k: bool,
 }
-
-/// The end of the piece that starts at a position, or `None` (crate::bpe_ascii).
-type AsciiPiece = fn(&[u8], usize) -> Option<usize>;
 
 type NewScratch = Box<dyn Fn() -> Scratch + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
 
@@ -98,7 +96,7 @@ pub(crate) struct Scratch {
 /// repeat (a piece is five bytes on average, and a session's text says the same words
 /// again and again), and a hit costs one look into this small table where the count costs
 /// a look-up in the vocabulary's table of megabytes, a cache miss or several, and for a
-/// piece that is not one token the byte-pair merge as well (docs/sessions.md#tokens).
+/// piece that is not one token the byte-pair merge as well (docs/sessions.md#counting-tokens).
 /// Exact: an entry holds the piece's bytes and is used only for the same bytes.
 struct PieceCounts {
     entries: Box<[PieceEntry]>,
@@ -139,17 +137,33 @@ fn piece_key(text: &[u8], start: usize, len: usize) -> PieceKey {
             *word = u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
         }
     }
-    for (i, word) in words.iter_mut().enumerate() {
-        let kept = len.saturating_sub(8 * i).min(8);
-        *word &= if kept == 8 {
-            u64::MAX
-        } else {
-            (1u64 << (8 * kept)) - 1
-        };
-    }
-    words[2] |= (len as u64) << 56;
-    words
+    let mask = &PIECE_MASKS[len];
+    [
+        words[0] & mask[0],
+        words[1] & mask[1],
+        (words[2] & mask[2]) | (len as u64) << 56,
+    ]
 }
+
+/// For each piece length, the masks keeping a key's words' bytes of the piece.
+const PIECE_MASKS: [[u64; 3]; CACHED_PIECE + 1] = {
+    let mut masks = [[0u64; 3]; CACHED_PIECE + 1];
+    let mut len = 0;
+    while len <= CACHED_PIECE {
+        let mut word = 0;
+        while word < 3 {
+            let kept = len.saturating_sub(8 * word);
+            masks[len][word] = if kept >= 8 {
+                u64::MAX
+            } else {
+                (1u64 << (8 * kept)) - 1
+            };
+            word += 1;
+        }
+        len += 1;
+    }
+    masks
+};
 
 /// The slot of a key: FxHash's mixing of its three words.
 #[inline]
@@ -186,17 +200,17 @@ impl PieceCounts {
 /// The `o200k_base` encoding (its pattern is compiled on first use).
 pub(crate) fn o200k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
-    ENCODING.get_or_init(|| Encoding::new(O200K_PATTERN, O200K_RANKS, Some(crate::bpe_ascii::o200k_piece)))
+    ENCODING.get_or_init(|| Encoding::new(O200K_PATTERN, O200K_RANKS, true))
 }
 
 /// The `cl100k_base` encoding (its pattern is compiled on first use).
 pub(crate) fn cl100k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
-    ENCODING.get_or_init(|| Encoding::new(CL100K_PATTERN, CL100K_RANKS, None))
+    ENCODING.get_or_init(|| Encoding::new(CL100K_PATTERN, CL100K_RANKS, false))
 }
 
 impl Encoding {
-    fn new(pattern: &str, ranks: &'static [u8], ascii: Option<AsciiPiece>) -> Encoding {
+    fn new(pattern: &str, ranks: &'static [u8], ascii_o200k: bool) -> Encoding {
         let split = Regex::new(pattern).expect("a tiktoken pattern compiles");
         let for_caches = split.clone();
         Encoding {
@@ -206,7 +220,7 @@ impl Encoding {
                 pieces: PieceCounts::new(),
             })),
             ranks: RankTable::new(ranks),
-            ascii,
+            ascii_o200k,
         }
     }
 
@@ -219,7 +233,12 @@ impl Encoding {
         let mut count = 0u64;
         let mut start = 0;
         while start < text.len() {
-            let end = match self.ascii.and_then(|piece| piece(text.as_bytes(), start)) {
+            let by_hand = if self.ascii_o200k {
+                crate::bpe_ascii::o200k_piece(text.as_bytes(), start)
+            } else {
+                None
+            };
+            let end = match by_hand {
                 Some(end) => end,
                 None => self.regex_piece(&mut scratch.regex, text, start),
             };

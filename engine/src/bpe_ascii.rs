@@ -76,6 +76,7 @@ fn contraction(text: &[u8], at: usize) -> Option<usize> {
 
 /// The end of `o200k_base`'s piece that starts at `start` (a character boundary before
 /// the end of `text`), look-ahead done; `None`: the regex must decide.
+#[inline]
 pub(crate) fn o200k_piece(text: &[u8], start: usize) -> Option<usize> {
     let first = text[start];
     if !first.is_ascii() {
