@@ -10,7 +10,7 @@ use plugin_api::structure::Faults;
 use plugin_api::{Context, Event, Message, ModelInfo, PluginBox, RArc, ROption, RResult, RSlice};
 
 use crate::config::{Config, ConfigError, OnPluginError};
-use crate::deadline::{Pool, Timed};
+use crate::deadline::{Pool, Watch, Watched};
 use crate::isolate::{IsolatedPlugin, LoadRequest, StartFailure};
 use crate::library::{instantiate_library, load_context, table_error};
 use crate::loader::{Catalog, ProgramFile, Unavailable};
@@ -106,17 +106,32 @@ type CallResult = Result<plugin_api::Output, String>;
 /// the `view`, whose output is what is sent this turn and is never kept.
 ///
 /// A `Chain` is `Send + Sync`: one loaded chain serves every session's turns at once, and
-/// [`SharedChain`] swaps a reloaded one in between turns.
+/// [`SharedChain`] swaps a reloaded one in between turns. Its parts are shared with the
+/// helper thread a run goes to under a deadline ([`crate::deadline`]), which may outlive
+/// the chain when a call runs late.
 pub struct Chain {
+    parts: Arc<ChainParts>,
+}
+
+impl std::ops::Deref for Chain {
+    type Target = ChainParts;
+
+    fn deref(&self) -> &ChainParts {
+        &self.parts
+    }
+}
+
+/// What a [`Chain`] holds: its stages and the rules its runs follow.
+pub struct ChainParts {
     /// `[history] ingest`: run on a turn's new messages before anything is stored
     /// ([`Chain::ingest`], docs/chain.md#ingest).
     pub(crate) ingest: Vec<Stage>,
     pub(crate) stages: Vec<Stage>,
     pub(crate) view: Vec<Stage>,
     pub(crate) on_error: OnPluginError,
-    /// `plugin_timeout_ms`, when not 0: each call runs on a helper thread of `calls`.
+    /// `plugin_timeout_ms`, when not 0: each run goes to a helper thread of `runs`.
     deadline: Option<Duration>,
-    calls: Pool<CallResult>,
+    runs: Pool,
     /// `[history] required`: plugins whose fault fails the turn whatever `on_error` says.
     pub(crate) required: Vec<String>,
     /// `[models.*]`, for the rules a run's model counts images and documents by
@@ -285,7 +300,9 @@ impl Chain {
             tracing::warn!("{}", echo::line(&warning));
         }
         let mut chain = Chain::assemble(config, stages, view);
-        chain.ingest = ingest;
+        Arc::get_mut(&mut chain.parts)
+            .expect("a chain being built is not shared")
+            .ingest = ingest;
         Ok(chain)
     }
 
@@ -321,14 +338,17 @@ impl Chain {
         // An ingest plugin is required by nature: what it guards (a redaction) is stored.
         let required = config.required.iter().chain(&config.ingest).cloned().collect();
         Chain {
-            ingest: Vec::new(),
-            stages,
-            view,
-            on_error: config.on_plugin_error,
-            required,
-            deadline: (config.plugin_timeout_ms > 0).then(|| Duration::from_millis(config.plugin_timeout_ms)),
-            calls: Pool::new(),
-            models: config.models.clone(),
+            parts: Arc::new(ChainParts {
+                ingest: Vec::new(),
+                stages,
+                view,
+                on_error: config.on_plugin_error,
+                required,
+                deadline: (config.plugin_timeout_ms > 0)
+                    .then(|| Duration::from_millis(config.plugin_timeout_ms)),
+                runs: Pool::new(),
+                models: config.models.clone(),
+            }),
         }
     }
 
@@ -351,11 +371,6 @@ impl Chain {
     /// The chain's plugin names, in order.
     pub fn names(&self) -> Vec<&str> {
         self.stages.iter().map(|s| s.name.as_str()).collect()
-    }
-
-    /// Whether `name` is required: its fault fails the turn whatever `on_error` says.
-    pub fn is_required(&self, name: &str) -> bool {
-        self.required.iter().any(|n| n == name)
     }
 
     /// The view's plugin names, in order.
@@ -389,34 +404,18 @@ impl Chain {
         messages: Vec<RArc<Message>>,
         ctx: &Context,
     ) -> Result<(Vec<RArc<Message>>, Vec<StageReport>), PluginFailure> {
-        let mut state = RunState {
-            messages_in: messages.len(),
-            tokens: 0,
-            faults: Faults::of(&messages).count(),
-            history: messages,
+        let progress = RunProgress {
+            state: RunState {
+                messages_in: messages.len(),
+                tokens: 0,
+                faults: Faults::of(&messages).count(),
+                history: messages,
+            },
+            stages: Vec::with_capacity(self.ingest.len()),
+            ..RunProgress::default()
         };
-        let shared_ctx = self.deadline.map(|_| Arc::new(ctx.clone()));
-        let mut reports = Vec::with_capacity(self.ingest.len());
-        for stage in &self.ingest {
-            let before: Vec<u64> = state.history.iter().map(|m| m.origin()).collect();
-            let mut report = self.run_stage(stage, &mut state, ctx, shared_ctx.as_ref(), Call::Process)?;
-            report.ingest = true;
-            let after = state.history.iter().map(|m| m.origin());
-            if !after.eq(before.iter().copied()) {
-                return Err(PluginFailure {
-                    plugin: stage.name.clone(),
-                    message: format!(
-                        "an ingest plugin must return its input's {} messages in order, each \
-                         unchanged or rewritten, and returned {}: it may not drop, add or \
-                         reorder messages (docs/chain.md#ingest)",
-                        before.len(),
-                        state.history.len()
-                    ),
-                });
-            }
-            reports.push(report);
-        }
-        Ok((state.history, reports))
+        let progress = self.run_pass(Pass::Ingest, progress, ctx, Call::Process, None)?;
+        Ok((progress.state.history, progress.stages))
     }
 
     /// A call in which every message enters now (`process`, a stateless proxy request):
@@ -471,7 +470,20 @@ impl Chain {
         previous: Option<&[RArc<Message>]>,
     ) -> Result<ChainRun, PluginFailure> {
         tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
-            self.run_counted(history, ctx, call, previous)
+            self.run_counted(history, ctx, call, previous, false)
+        })
+    }
+
+    /// [`Chain::run`] with every stage run whatever `on_plugin_error` and `required` say
+    /// (the sample runs of `agentctl check` and of a reload, which report every fault).
+    pub(crate) fn run_every_stage(
+        &self,
+        history: Vec<RArc<Message>>,
+        ctx: &Context,
+        call: Call<'_>,
+    ) -> Result<ChainRun, PluginFailure> {
+        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
+            self.run_counted(history, ctx, call, None, true)
         })
     }
 
@@ -482,10 +494,8 @@ impl Chain {
         ctx: &Context,
         call: Call<'_>,
         previous: Option<&[RArc<Message>]>,
+        every_stage: bool,
     ) -> Result<ChainRun, PluginFailure> {
-        let previous = previous.map(PreviousSent::new);
-        let prefix_kept =
-            |history: &[RArc<Message>]| previous.as_ref().map(|previous| previous.kept(history));
         turns::prepare(&mut history, ctx.turn);
         let input_faults = Faults::of(&history);
         let input_fault_lines = input_faults.describe(&history);
@@ -497,29 +507,28 @@ impl Chain {
             event.turn = ctx.turn;
         }
         log_events("host", &host_events);
-        let mut state = RunState {
-            messages_in: history.len(),
-            tokens: tokens::history_tokens(ctx.model.tokenizer, &history),
-            faults: input_faults.count(),
-            history,
+        let progress = RunProgress {
+            state: RunState {
+                messages_in: history.len(),
+                tokens: tokens::history_tokens(ctx.model.tokenizer, &history),
+                faults: input_faults.count(),
+                history,
+            },
+            stages: Vec::with_capacity(self.stages.len() + self.view.len()),
+            every_stage,
+            ..RunProgress::default()
         };
-        let tokens_in = state.tokens;
-        // Under a deadline, calls run on helper threads, which need their own context.
-        let shared_ctx = self.deadline.map(|_| Arc::new(ctx.clone()));
-        let mut stages = Vec::with_capacity(self.stages.len() + self.view.len());
-        let mut working = None;
-        for (index, stage) in self.stages.iter().chain(&self.view).enumerate() {
-            if index == self.stages.len() {
-                working = Some(state.history.clone());
-            }
-            let mut report = self.run_stage(stage, &mut state, ctx, shared_ctx.as_ref(), call)?;
-            report.view = index >= self.stages.len();
-            report.prefix_kept = prefix_kept(&state.history);
-            stages.push(report);
-        }
+        let tokens_in = progress.state.tokens;
+        let RunProgress {
+            state,
+            stages,
+            working,
+            prefix_kept,
+            ..
+        } = self.run_pass(Pass::Main, progress, ctx, call, previous)?;
         let history = state.history;
         Ok(ChainRun {
-            prefix_kept: prefix_kept(&history),
+            prefix_kept,
             working: working.unwrap_or_else(|| history.clone()),
             history,
             input_faults: input_fault_lines,
@@ -531,45 +540,170 @@ impl Chain {
         })
     }
 
-    /// Calls one stage on the current history, checks its output and, when it passes,
-    /// makes it the current history; a fault is skipped or fails the run by
-    /// `on_plugin_error`.
-    fn run_stage(
+    /// Runs the stages of `pass` over `progress`: on this thread when there is no
+    /// deadline; under one, on a helper thread while this one waits, each plugin call at
+    /// most `plugin_timeout_ms`. A call past it is left running, its stage quarantined and
+    /// its fault handled as any other, and the run goes on from the checkpoint the helper
+    /// left before that call, on another helper (docs/chain.md#deadline).
+    fn run_pass(
         &self,
-        stage: &Stage,
-        state: &mut RunState,
+        pass: Pass,
+        mut progress: RunProgress,
         ctx: &Context,
-        shared_ctx: Option<&Arc<Context>>,
         call: Call<'_>,
-    ) -> Result<StageReport, PluginFailure> {
-        tokens::with_media_rules(self.media_rules(&ctx.model.name), || {
-            self.run_stage_counted(stage, state, ctx, shared_ctx, call)
-        })
+        previous: Option<&[RArc<Message>]>,
+    ) -> Result<RunProgress, PluginFailure> {
+        let Some(limit) = self.deadline else {
+            let previous = previous.map(PreviousSent::new);
+            self.run_stages(pass, 0, &mut progress, ctx, call, previous.as_ref(), None)
+                .map_err(Stop::into_failure)?;
+            return Ok(progress);
+        };
+        // What the helper needs, owned: it may outlive this call.
+        let shared_ctx = Arc::new(ctx.clone());
+        let owned_previous = previous.map(|previous| Arc::new(previous.to_vec()));
+        let owned_call = Arc::new(OwnedCall::of(call));
+        // The helper counts by the run's model too (docs/configuration.md#models), and
+        // the plugins' log lines carry the caller's span (a sample run's).
+        let rules = tokens::current_rules().0;
+        let span = tracing::Span::current();
+        let mut from = 0;
+        loop {
+            let job = {
+                let (parts, ctx, previous, call, span) = (
+                    self.parts.clone(),
+                    shared_ctx.clone(),
+                    owned_previous.clone(),
+                    owned_call.clone(),
+                    span.clone(),
+                );
+                move |watch: &RunWatch| {
+                    span.in_scope(|| {
+                        tokens::with_media_rules(rules, || {
+                            let previous = previous.as_deref().map(|p| PreviousSent::new(p));
+                            parts
+                                .run_stages(
+                                    pass,
+                                    from,
+                                    &mut progress,
+                                    &ctx,
+                                    call.as_call(),
+                                    previous.as_ref(),
+                                    Some(watch),
+                                )
+                                .map(|()| progress)
+                        })
+                    })
+                }
+            };
+            match self.runs.run(limit, job) {
+                Watched::Done(result) => return result.map_err(Stop::into_failure),
+                Watched::Lost(reason) => {
+                    return Err(PluginFailure {
+                        plugin: "host".to_string(),
+                        message: reason,
+                    })
+                }
+                Watched::Late {
+                    index,
+                    elapsed,
+                    checkpoint,
+                } => {
+                    progress = checkpoint.progress;
+                    // The late call still holds its input: the run goes on with a copy.
+                    progress.state.history =
+                        Arc::try_unwrap(checkpoint.input).unwrap_or_else(|shared| (*shared).clone());
+                    let stage = self.stage_at(pass, index);
+                    stage.quarantined.store(true, Ordering::Relaxed);
+                    let mut report = StageReport::before(stage, &progress.state);
+                    report.quarantined = true;
+                    let late = Err(format!(
+                        "{QUARANTINE_PREFIX} {} ms (plugin_timeout_ms); the call is left running and the plugin quarantined until the chain is reloaded",
+                        limit.as_millis()
+                    ));
+                    let previous = previous.map(PreviousSent::new);
+                    self.finish_stage(
+                        pass,
+                        index,
+                        stage,
+                        report,
+                        elapsed,
+                        &mut progress,
+                        ctx,
+                        late,
+                        previous.as_ref(),
+                    )
+                    .map_err(Stop::into_failure)?;
+                    from = index + 1;
+                }
+            }
+        }
+    }
+}
+
+impl ChainParts {
+    /// Whether `name` is required: its fault fails the turn whatever `on_error` says.
+    pub fn is_required(&self, name: &str) -> bool {
+        self.required.iter().any(|n| n == name)
     }
 
-    fn run_stage_counted(
+    /// How many stages `pass` has, and its stage `index`.
+    fn pass_len(&self, pass: Pass) -> usize {
+        match pass {
+            Pass::Ingest => self.ingest.len(),
+            Pass::Main => self.stages.len() + self.view.len(),
+        }
+    }
+
+    fn stage_at(&self, pass: Pass, index: usize) -> &Stage {
+        match pass {
+            Pass::Ingest => &self.ingest[index],
+            Pass::Main if index < self.stages.len() => &self.stages[index],
+            Pass::Main => &self.view[index - self.stages.len()],
+        }
+    }
+
+    /// Runs stages `from..` of `pass` on this thread, each output checked
+    /// (docs/chain.md#the-output-check) and each fault handled by `on_plugin_error` and
+    /// `required`; with a `watch`, each in-process call under its deadline.
+    #[allow(clippy::too_many_arguments)]
+    fn run_stages(
         &self,
-        stage: &Stage,
-        state: &mut RunState,
+        pass: Pass,
+        from: usize,
+        progress: &mut RunProgress,
         ctx: &Context,
-        shared_ctx: Option<&Arc<Context>>,
         call: Call<'_>,
-    ) -> Result<StageReport, PluginFailure> {
+        previous: Option<&PreviousSent>,
+        watch: Option<&RunWatch>,
+    ) -> Result<(), Stop> {
+        for index in from..self.pass_len(pass) {
+            if matches!(pass, Pass::Main) && index == self.stages.len() {
+                progress.working = Some(progress.state.history.clone());
+            }
+            self.run_stage(pass, index, progress, ctx, call, previous, watch)?;
+        }
+        if matches!(pass, Pass::Main) {
+            progress.prefix_kept = previous.map(|previous| previous.kept(&progress.state.history));
+        }
+        Ok(())
+    }
+
+    /// Calls stage `index` of `pass` on the current history, then [`ChainParts::finish_stage`].
+    #[allow(clippy::too_many_arguments)]
+    fn run_stage(
+        &self,
+        pass: Pass,
+        index: usize,
+        progress: &mut RunProgress,
+        ctx: &Context,
+        call: Call<'_>,
+        previous: Option<&PreviousSent>,
+        watch: Option<&RunWatch>,
+    ) -> Result<(), Stop> {
+        let stage = self.stage_at(pass, index);
         let started = Instant::now();
-        let mut report = StageReport {
-            plugin: stage.name.clone(),
-            view: false,
-            ingest: false,
-            messages_in: state.history.len(),
-            messages_out: state.history.len(),
-            tokens_in: state.tokens,
-            tokens_out: state.tokens,
-            events: Vec::new(),
-            skipped: None,
-            quarantined: stage.is_quarantined(),
-            elapsed: Duration::ZERO,
-            prefix_kept: None,
-        };
+        let mut report = StageReport::before(stage, &progress.state);
         if report.quarantined {
             // Not called: skipped whatever on_plugin_error says, until a reload; a required
             // plugin's turn fails instead, as what it guards cannot go on without it.
@@ -577,37 +711,32 @@ impl Chain {
                 "quarantined: a call ran past plugin_timeout_ms ({} ms); not called until the chain is reloaded",
                 self.deadline.unwrap_or_default().as_millis()
             );
-            if self.is_required(&stage.name) {
-                return Err(PluginFailure {
+            if progress.is_required(self, &stage.name) {
+                return Err(Stop::Failed(PluginFailure {
                     plugin: stage.name.clone(),
                     message: format!("{message} (a required plugin: the turn fails)"),
-                });
+                }));
             }
             tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
             report.skipped = Some(message);
-            return Ok(report);
+            self.record(pass, index, report, progress, previous);
+            return Ok(());
         }
-        let result = match (&stage.runner, self.deadline, shared_ctx) {
+        let switch = match call {
+            Call::Process => None,
+            Call::ModelSwitch { old, new } => Some((old, new)),
+        };
+        let result = match (&stage.runner, watch) {
             // Past the deadline its worker is killed: nothing is left running, so an
             // isolated plugin is not quarantined.
-            (Runner::Isolated(plugin), ..) => {
-                let switch = match call {
-                    Call::Process => None,
-                    Call::ModelSwitch { old, new } => Some((old, new)),
-                };
-                crate::deadline::with_service_clock(|| {
-                    plugin.call(&state.history, ctx, switch, self.deadline)
-                })
-            }
+            (Runner::Isolated(plugin), _) => crate::deadline::with_service_clock(|| {
+                plugin.call(&progress.state.history, ctx, switch, self.deadline)
+            }),
             // Past the deadline its process is killed and, as a call left running would
             // be, the stage quarantined (docs/process-plugins.md#faults).
-            (Runner::Process(plugin), ..) => {
-                let switch = match call {
-                    Call::Process => None,
-                    Call::ModelSwitch { old, new } => Some((old, new)),
-                };
+            (Runner::Process(plugin), _) => {
                 let result = crate::deadline::with_service_clock(|| {
-                    plugin.call(&state.history, ctx, switch, self.deadline)
+                    plugin.call(&progress.state.history, ctx, switch, self.deadline)
                 });
                 result.map_err(|failure| {
                     if failure.late {
@@ -617,24 +746,79 @@ impl Chain {
                     failure.message
                 })
             }
-            (Runner::InProcess(instance), Some(limit), Some(shared_ctx)) => {
-                let result = self.call_with_deadline(stage, instance, state, shared_ctx, call, limit);
-                report.quarantined = stage.is_quarantined();
+            // Under the deadline: the history goes into the checkpoint the waiter goes on
+            // from should the call run late, and comes back without copying (the call's
+            // reference is dropped before it answers).
+            (Runner::InProcess(instance), Some(watch)) => {
+                let input = Arc::new(std::mem::take(&mut progress.state.history));
+                let checkpoint = Checkpoint {
+                    progress: std::mem::take(progress),
+                    input: input.clone(),
+                };
+                let answer = watch.call(index, checkpoint, || {
+                    logging::with_plugin(&stage.name, || call_instance(instance, &input, ctx, call))
+                });
+                let Some((result, checkpoint)) = answer else {
+                    return Err(Stop::Abandoned);
+                };
+                drop(checkpoint.input);
+                *progress = checkpoint.progress;
+                progress.state.history = Arc::try_unwrap(input).unwrap_or_else(|shared| (*shared).clone());
                 result
             }
             // No deadline: the call runs here, with a service clock of its own so its
             // waiting for summaries is still bounded by `[summarizer] timeout_ms` in all.
-            (Runner::InProcess(instance), ..) => crate::deadline::with_service_clock(|| {
-                logging::with_plugin(&stage.name, || call_instance(instance, &state.history, ctx, call))
+            (Runner::InProcess(instance), None) => crate::deadline::with_service_clock(|| {
+                logging::with_plugin(&stage.name, || {
+                    call_instance(instance, &progress.state.history, ctx, call)
+                })
             }),
         };
+        self.finish_stage(
+            pass,
+            index,
+            stage,
+            report,
+            started.elapsed(),
+            progress,
+            ctx,
+            result,
+            previous,
+        )
+    }
+
+    /// Checks a call's output and, when it passes, makes it the current history; a fault
+    /// is skipped or fails the run by `on_plugin_error` (a required or ingest plugin's
+    /// always fails it). Then the stage's report joins the run's.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_stage(
+        &self,
+        pass: Pass,
+        index: usize,
+        stage: &Stage,
+        mut report: StageReport,
+        elapsed: Duration,
+        progress: &mut RunProgress,
+        ctx: &Context,
+        result: CallResult,
+        previous: Option<&PreviousSent>,
+    ) -> Result<(), Stop> {
+        let required = progress.is_required(self, &stage.name);
+        let on_error = if progress.every_stage {
+            OnPluginError::Skip
+        } else {
+            self.on_error
+        };
+        let state = &mut progress.state;
+        let before: Option<Vec<u64>> =
+            matches!(pass, Pass::Ingest).then(|| state.history.iter().map(|m| m.origin()).collect());
         let history = &state.history;
         // Identities are unique here (assign_origins), as check_stage requires.
         let checked = result.and_then(|output| {
             let output_faults = crate::recall::check_stage(ctx, history, state.faults, &output.history)?;
             Ok((output, output_faults))
         });
-        report.elapsed = started.elapsed();
+        report.elapsed = elapsed;
         match checked {
             Ok((output, output_faults)) => {
                 state.history = output.history.into_iter().collect();
@@ -653,20 +837,20 @@ impl Chain {
                     .collect();
                 log_events(&stage.name, &report.events);
             }
-            Err(message) => match self.on_error {
+            Err(message) => match on_error {
                 // A required plugin's fault fails the turn even under "skip": what it
                 // guards (a redaction, say) must never be passed on without it.
-                _ if self.is_required(&stage.name) => {
-                    return Err(PluginFailure {
+                _ if required => {
+                    return Err(Stop::Failed(PluginFailure {
                         plugin: stage.name.clone(),
                         message: format!("{message} (a required plugin: the turn fails)"),
-                    })
+                    }))
                 }
                 OnPluginError::Fail => {
-                    return Err(PluginFailure {
+                    return Err(Stop::Failed(PluginFailure {
                         plugin: stage.name.clone(),
                         message,
-                    })
+                    }))
                 }
                 OnPluginError::Skip => {
                     tracing::warn!("plugin \"{}\" skipped: {message}", stage.name);
@@ -674,52 +858,119 @@ impl Chain {
                 }
             },
         }
-        Ok(report)
+        if let Some(before) = before {
+            let after = state.history.iter().map(|m| m.origin());
+            if !after.eq(before.iter().copied()) {
+                return Err(Stop::Failed(PluginFailure {
+                    plugin: stage.name.clone(),
+                    message: format!(
+                        "an ingest plugin must return its input's {} messages in order, each \
+                         unchanged or rewritten, and returned {}: it may not drop, add or \
+                         reorder messages (docs/chain.md#ingest)",
+                        before.len(),
+                        state.history.len()
+                    ),
+                }));
+            }
+        }
+        self.record(pass, index, report, progress, previous);
+        Ok(())
     }
 
-    /// Calls `stage` on a helper thread and waits at most `limit`. Past it, the call is
-    /// left on its thread and the stage is quarantined.
-    fn call_with_deadline(
+    /// Adds a stage's report to the run's, with what the pass tells of it.
+    fn record(
         &self,
-        stage: &Stage,
-        instance: &Arc<PluginBox>,
-        state: &mut RunState,
-        ctx: &Arc<Context>,
-        call: Call<'_>,
-        limit: Duration,
-    ) -> CallResult {
-        // The history moves to the helper thread and back without copying: the call's
-        // reference is dropped before it answers, so it is ours alone again after.
-        let input = Arc::new(std::mem::take(&mut state.history));
-        let job = {
-            let (input, ctx, instance, name) =
-                (input.clone(), ctx.clone(), instance.clone(), stage.name.clone());
-            let call = OwnedCall::of(call);
-            // The caller's span (a sample run's) goes with the call to the helper thread,
-            // so the plugin's log lines carry it.
-            let span = tracing::Span::current();
-            // The helper thread counts by the run's model too (docs/configuration.md#models).
-            let rules = tokens::current_rules().0;
-            Box::new(move || {
-                span.in_scope(|| {
-                    tokens::with_media_rules(rules, || {
-                        logging::with_plugin(&name, || call_instance(&instance, &input, &ctx, call.as_call()))
-                    })
-                })
-            })
-        };
-        let timed = self.calls.call(limit, job);
-        state.history = Arc::try_unwrap(input).unwrap_or_else(|shared| (*shared).clone());
-        match timed {
-            Timed::Done(result) => result,
-            Timed::Lost(reason) => Err(reason),
-            Timed::Late => {
-                stage.quarantined.store(true, Ordering::Relaxed);
-                Err(format!(
-                    "{QUARANTINE_PREFIX} {} ms (plugin_timeout_ms); the call is left running and the plugin quarantined until the chain is reloaded",
-                    limit.as_millis()
-                ))
+        pass: Pass,
+        index: usize,
+        mut report: StageReport,
+        progress: &mut RunProgress,
+        previous: Option<&PreviousSent>,
+    ) {
+        match pass {
+            Pass::Ingest => report.ingest = true,
+            Pass::Main => {
+                report.view = index >= self.stages.len();
+                report.prefix_kept = previous.map(|previous| previous.kept(&progress.state.history));
             }
+        }
+        progress.stages.push(report);
+    }
+}
+
+impl StageReport {
+    /// A stage's report before its call: the history it is given, as it is.
+    fn before(stage: &Stage, state: &RunState) -> StageReport {
+        StageReport {
+            plugin: stage.name.clone(),
+            view: false,
+            ingest: false,
+            messages_in: state.history.len(),
+            messages_out: state.history.len(),
+            tokens_in: state.tokens,
+            tokens_out: state.tokens,
+            events: Vec::new(),
+            skipped: None,
+            quarantined: stage.is_quarantined(),
+            elapsed: Duration::ZERO,
+            prefix_kept: None,
+        }
+    }
+}
+
+/// Which stages a run goes through.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// `[history] ingest`, on the messages entering.
+    Ingest,
+    /// The chain, then the view.
+    Main,
+}
+
+/// What a run carries from stage to stage, and hands between threads under a deadline.
+#[derive(Default)]
+struct RunProgress {
+    state: RunState,
+    stages: Vec<StageReport>,
+    /// The chain's output, taken when the view starts.
+    working: Option<Vec<RArc<Message>>>,
+    /// The final history's `prefix_kept`, once the pass is done.
+    prefix_kept: Option<usize>,
+    /// Every stage runs, whatever `on_plugin_error` and `required` say
+    /// ([`Chain::run_every_stage`]).
+    every_stage: bool,
+}
+
+impl RunProgress {
+    fn is_required(&self, chain: &ChainParts, name: &str) -> bool {
+        !self.every_stage && chain.is_required(name)
+    }
+}
+
+/// What a run leaves with its waiter while one of its plugin calls runs: the run so far,
+/// and the history the call was given.
+struct Checkpoint {
+    progress: RunProgress,
+    input: Arc<Vec<RArc<Message>>>,
+}
+
+type RunWatch = Watch<Checkpoint, Result<RunProgress, Stop>>;
+
+/// Why stages stopped before the end.
+enum Stop {
+    Failed(PluginFailure),
+    /// The waiter gave up on a late call and goes on without this thread.
+    Abandoned,
+}
+
+impl Stop {
+    fn into_failure(self) -> PluginFailure {
+        match self {
+            Stop::Failed(failure) => failure,
+            // Only the abandoned helper sees it, and nobody reads its answer.
+            Stop::Abandoned => PluginFailure {
+                plugin: "host".to_string(),
+                message: "the run went on without this thread".to_string(),
+            },
         }
     }
 }
@@ -752,7 +1003,8 @@ impl OwnedCall {
     }
 }
 
-/// What a run carries from stage to stage.
+/// The history of a run between two stages.
+#[derive(Default)]
 struct RunState {
     history: Vec<RArc<Message>>,
     messages_in: usize,

@@ -1,7 +1,9 @@
 //! Plugin calls under a deadline (`[history] plugin_timeout_ms`, docs/chain.md#deadline):
-//! a call runs on a pooled helper thread while the caller waits at most the deadline. A
-//! call past it is left running on its thread, which is never reused; the other threads
-//! of the pool serve the next calls.
+//! a run of calls (a chain's stages) goes to a pooled helper thread while the caller
+//! waits, looking at the call in progress, at most the deadline per call. A call past it
+//! is left running on its thread, which is never reused, and the caller goes on from the
+//! checkpoint the run left before that call; the other threads of the pool serve the
+//! next runs.
 //!
 //! Time a call spends waiting on the host's own services (the summarizer's network call)
 //! is the host's, not the plugin's: the deadline is pushed back by it
@@ -12,9 +14,6 @@ use std::cell::RefCell;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// A plugin call, packed to run on a helper thread.
-pub(crate) type Job<T> = Box<dyn FnOnce() -> T + Send>;
 
 /// The time one call has spent in host services so far: what its wait is extended by.
 #[derive(Default)]
@@ -76,157 +75,300 @@ const SERVICE_RECHECK: Duration = Duration::from_millis(20);
 /// caller's thread runs the same here.
 const STACK_BYTES: usize = 8 << 20;
 
-/// What a call under a deadline came to.
-pub(crate) enum Timed<T> {
+/// A job for a helper thread: a run of plugin calls and the host's work between them.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// What a job on a helper thread shares with the thread waiting for it: the plugin call it
+/// is in, if any (`C`: what the waiter goes on from should that call run late), and its
+/// answer (`T`).
+pub(crate) struct Watch<C, T> {
+    shared: Mutex<Shared<C, T>>,
+}
+
+struct Shared<C, T> {
+    call: Option<InCall<C>>,
+    /// The waiter gave up on the call in progress: the job must end as soon as it returns.
+    abandoned: bool,
+    answer: Option<T>,
+}
+
+struct InCall<C> {
+    /// Which call of the job (the waiter's numbering: a stage's index).
+    index: usize,
+    started: Instant,
+    clock: Arc<ServiceTime>,
+    checkpoint: C,
+}
+
+impl<C, T> Watch<C, T> {
+    fn new() -> Watch<C, T> {
+        Watch {
+            shared: Mutex::new(Shared {
+                call: None,
+                abandoned: false,
+                answer: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared<C, T>> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// On the helper thread: runs `f`, plugin call `index`, under the deadline, with
+    /// `checkpoint` in the waiter's hands meanwhile (what it goes on from if the call runs
+    /// late). Gives back `f`'s answer and the checkpoint, or `None` when the waiter gave
+    /// up on the call: the job must then end at once, touching nothing of the run.
+    pub(crate) fn call<R>(&self, index: usize, checkpoint: C, f: impl FnOnce() -> R) -> Option<(R, C)> {
+        let clock = Arc::new(ServiceTime::default());
+        self.lock().call = Some(InCall {
+            index,
+            started: Instant::now(),
+            clock: clock.clone(),
+            checkpoint,
+        });
+        let outer = CURRENT.with(|c| c.borrow_mut().replace(clock));
+        let answer = f();
+        CURRENT.with(|c| *c.borrow_mut() = outer);
+        let mut shared = self.lock();
+        if shared.abandoned {
+            return None;
+        }
+        let call = shared.call.take()?;
+        Some((answer, call.checkpoint))
+    }
+
+    /// How long the waiter may sleep before it looks again, or the call that is late.
+    fn look(&self, limit: Duration) -> Result<Duration, InCall<C>> {
+        let mut shared = self.lock();
+        let Some(call) = &shared.call else {
+            // Between calls the host's own code runs: no deadline; look again later.
+            return Ok(limit);
+        };
+        let (service, in_service) = call.clock.so_far();
+        let left = (limit + service).saturating_sub(call.started.elapsed());
+        if in_service {
+            return Ok(left.max(SERVICE_RECHECK));
+        }
+        if !left.is_zero() {
+            return Ok(left);
+        }
+        shared.abandoned = true;
+        Err(shared.call.take().expect("a call is in progress"))
+    }
+}
+
+/// What a job under a deadline came to.
+pub(crate) enum Watched<C, T> {
     Done(T),
-    /// Still running past the deadline: it goes on on its own thread.
-    Late,
-    /// The helper thread ended without an answer (it cannot be started, or the call
+    /// Call `index` ran past the deadline: it goes on on its own thread, and the job with
+    /// it ends when it returns, if ever. `checkpoint` is what the job left for this.
+    Late {
+        index: usize,
+        elapsed: Duration,
+        checkpoint: C,
+    },
+    /// The helper thread ended without an answer (it cannot be started, or the job
     /// unwound through the host's own code).
     Lost(String),
 }
 
-struct Worker<T> {
-    jobs: Sender<(Job<T>, Arc<ServiceTime>)>,
-    answers: Receiver<T>,
+struct Worker {
+    jobs: Sender<Job>,
+    done: Receiver<()>,
 }
 
-/// Idle helper threads, reused call after call. Dropping the pool ends them.
-pub(crate) struct Pool<T> {
-    idle: Mutex<Vec<Worker<T>>>,
+/// Idle helper threads, reused job after job. Dropping the pool ends them.
+pub(crate) struct Pool {
+    idle: Mutex<Vec<Worker>>,
 }
 
-impl<T: Send + 'static> Pool<T> {
-    pub(crate) fn new() -> Pool<T> {
+impl Pool {
+    pub(crate) fn new() -> Pool {
         Pool {
             idle: Mutex::new(Vec::new()),
         }
     }
 
-    /// Runs `job` on a helper thread and waits for it at most `limit`, plus the time it
-    /// spends in host services.
-    pub(crate) fn call(&self, limit: Duration, job: Job<T>) -> Timed<T> {
+    /// Runs `job` on a helper thread while this one waits, so that each plugin call the job
+    /// makes through [`Watch::call`] is waited for at most `limit`, plus the time it spends
+    /// in host services. One hand-over per job, however many calls it makes: handing each
+    /// call to a thread of its own cost a turn about a fifth of its CPU
+    /// (docs/chain.md#deadline).
+    pub(crate) fn run<C, T>(
+        &self,
+        limit: Duration,
+        job: impl FnOnce(&Watch<C, T>) -> T + Send + 'static,
+    ) -> Watched<C, T>
+    where
+        C: Send + 'static,
+        T: Send + 'static,
+    {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let worker = match idle {
             Some(worker) => worker,
             None => match spawn() {
                 Ok(worker) => worker,
-                Err(e) => return Timed::Lost(format!("cannot start a thread for the call: {e}")),
+                Err(e) => return Watched::Lost(format!("cannot start a thread for the run: {e}")),
             },
         };
-        let clock = Arc::new(ServiceTime::default());
-        if worker.jobs.send((job, clock.clone())).is_err() {
-            return Timed::Lost("the call's thread has ended".to_string());
+        let watch = Arc::new(Watch::new());
+        let theirs = watch.clone();
+        let job: Job = Box::new(move || {
+            let answer = job(&theirs);
+            theirs.lock().answer = Some(answer);
+        });
+        if worker.jobs.send(job).is_err() {
+            return Watched::Lost("the run's thread has ended".to_string());
         }
-        let started = Instant::now();
         loop {
-            let (service, in_service) = clock.so_far();
-            let left = (limit + service).saturating_sub(started.elapsed());
-            if left.is_zero() && !in_service {
-                // The worker is dropped: its thread ends when the call returns, if ever.
-                return Timed::Late;
-            }
-            let wait = if in_service {
-                left.max(SERVICE_RECHECK)
-            } else {
-                left
-            };
-            match worker.answers.recv_timeout(wait) {
-                Ok(answer) => {
-                    self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(worker);
-                    return Timed::Done(answer);
+            let wait = match watch.look(limit) {
+                Ok(wait) => wait,
+                // The worker is dropped: its thread ends when the late call returns.
+                Err(call) => {
+                    return Watched::Late {
+                        index: call.index,
+                        elapsed: call.started.elapsed(),
+                        checkpoint: call.checkpoint,
+                    }
                 }
-                // Look again: the call may have been in a host service meanwhile.
+            };
+            match worker.done.recv_timeout(wait) {
+                Ok(()) => {
+                    let answer = watch.lock().answer.take();
+                    self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(worker);
+                    return match answer {
+                        Some(answer) => Watched::Done(answer),
+                        None => Watched::Lost("the run's thread gave no answer".to_string()),
+                    };
+                }
+                // Look again: a call may have started, or be in a host service.
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Timed::Lost("the call's thread ended without an answer".to_string())
+                    return Watched::Lost("the run's thread ended without an answer".to_string())
                 }
             }
         }
     }
 }
 
-fn spawn<T: Send + 'static>() -> std::io::Result<Worker<T>> {
-    let (jobs, job_queue) = mpsc::channel::<(Job<T>, Arc<ServiceTime>)>();
-    let (answer, answers) = mpsc::channel();
+fn spawn() -> std::io::Result<Worker> {
+    let (jobs, job_queue) = mpsc::channel::<Job>();
+    let (done, dones) = mpsc::channel();
     std::thread::Builder::new()
-        .name("plugin-call".to_string())
+        .name("plugin-calls".to_string())
         .stack_size(STACK_BYTES)
         .spawn(move || {
-            for (job, clock) in job_queue {
-                CURRENT.with(|c| *c.borrow_mut() = Some(clock));
-                let result = job();
-                CURRENT.with(|c| *c.borrow_mut() = None);
-                if answer.send(result).is_err() {
+            for job in job_queue {
+                job();
+                if done.send(()).is_err() {
                     break;
                 }
             }
         })?;
-    Ok(Worker { jobs, answers })
+    Ok(Worker { jobs, done: dones })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A run of `calls`, each sleeping its milliseconds (the first `in_service` of them
+    /// in a host service), its checkpoint the number of calls done so far.
+    fn run(pool: &Pool, limit_ms: u64, calls: Vec<(u64, u64)>) -> Watched<usize, usize> {
+        pool.run(
+            Duration::from_millis(limit_ms),
+            move |watch: &Watch<usize, usize>| {
+                let mut done = 0;
+                for (index, (own, in_service)) in calls.into_iter().enumerate() {
+                    let call = watch.call(index, done, || {
+                        in_host_service(|| std::thread::sleep(Duration::from_millis(in_service)));
+                        std::thread::sleep(Duration::from_millis(own));
+                    });
+                    match call {
+                        Some(((), checkpoint)) => done = checkpoint + 1,
+                        None => return usize::MAX,
+                    }
+                }
+                done
+            },
+        )
+    }
+
     #[test]
-    fn a_call_in_time_answers_and_its_thread_is_reused() {
+    fn a_run_in_time_answers_and_its_thread_is_reused() {
         let pool = Pool::new();
-        for n in 0..3 {
-            match pool.call(Duration::from_secs(5), Box::new(move || n * 2)) {
-                Timed::Done(v) => assert_eq!(v, n * 2),
-                _ => panic!("the call answers"),
+        for _ in 0..3 {
+            match run(&pool, 5_000, vec![(1, 0), (1, 0), (1, 0)]) {
+                Watched::Done(done) => assert_eq!(done, 3),
+                _ => panic!("the run answers"),
             }
         }
         assert_eq!(pool.idle.lock().unwrap().len(), 1);
     }
 
     #[test]
-    fn a_call_past_the_deadline_is_left_behind() {
+    fn a_call_past_the_deadline_is_left_behind_with_the_checkpoint_before_it() {
         let pool = Pool::new();
-        let started = std::time::Instant::now();
-        let slow = pool.call(
-            Duration::from_millis(50),
-            Box::new(|| {
-                std::thread::sleep(Duration::from_secs(2));
-                1
-            }),
-        );
-        assert!(matches!(slow, Timed::Late));
+        let started = Instant::now();
+        // The first two calls are in time; the third runs two seconds under 100 ms.
+        match run(&pool, 100, vec![(5, 0), (5, 0), (2_000, 0), (5, 0)]) {
+            Watched::Late {
+                index,
+                elapsed,
+                checkpoint,
+            } => {
+                assert_eq!(
+                    (index, checkpoint),
+                    (2, 2),
+                    "the late call and what was done before it"
+                );
+                assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
+            }
+            _ => panic!("the third call is late"),
+        }
         assert!(started.elapsed() < Duration::from_secs(1));
         assert!(pool.idle.lock().unwrap().is_empty(), "its thread is not reused");
-        assert!(matches!(
-            pool.call(Duration::from_secs(5), Box::new(|| 2)),
-            Timed::Done(2)
-        ));
+        assert!(matches!(run(&pool, 5_000, vec![(1, 0)]), Watched::Done(1)));
+    }
+
+    #[test]
+    fn a_long_run_of_calls_each_in_time_is_not_late() {
+        // Ten calls of 30 ms under a 100 ms deadline: 300 ms in all, each call in time.
+        let pool = Pool::new();
+        assert!(matches!(run(&pool, 100, vec![(30, 0); 10]), Watched::Done(10)));
     }
 
     #[test]
     fn time_in_a_host_service_does_not_count_against_the_deadline() {
         let pool = Pool::new();
         // 300 ms in a host service, 30 ms of its own, under a 100 ms deadline: in time.
-        let answer = pool.call(
+        assert!(matches!(run(&pool, 100, vec![(30, 300)]), Watched::Done(1)));
+        // Its own time still counts: 400 ms of its own after a service call is late.
+        assert!(matches!(
+            run(&pool, 100, vec![(400, 50)]),
+            Watched::Late { index: 0, .. }
+        ));
+        assert_eq!(host_service_spent(), None, "no clock outside a call");
+    }
+
+    #[test]
+    fn a_call_sees_its_service_time() {
+        let pool = Pool::new();
+        let answer = pool.run(
             Duration::from_millis(100),
-            Box::new(|| {
-                in_host_service(|| std::thread::sleep(Duration::from_millis(300)));
-                std::thread::sleep(Duration::from_millis(30));
-                host_service_spent()
-            }),
+            |watch: &Watch<(), Option<Duration>>| {
+                watch
+                    .call(0, (), || {
+                        in_host_service(|| std::thread::sleep(Duration::from_millis(150)));
+                        host_service_spent()
+                    })
+                    .and_then(|(spent, ())| spent)
+            },
         );
         match answer {
-            Timed::Done(Some(spent)) => assert!(spent >= Duration::from_millis(300), "{spent:?}"),
+            Watched::Done(Some(spent)) => assert!(spent >= Duration::from_millis(150), "{spent:?}"),
             _ => panic!("the call answers, with its service time"),
         }
-        // Its own time still counts: 150 ms of its own after a service call is late.
-        let late = pool.call(
-            Duration::from_millis(100),
-            Box::new(|| {
-                in_host_service(|| std::thread::sleep(Duration::from_millis(50)));
-                std::thread::sleep(Duration::from_millis(400));
-                None
-            }),
-        );
-        assert!(matches!(late, Timed::Late));
-        assert_eq!(host_service_spent(), None, "no clock outside a call");
     }
 }

@@ -122,8 +122,8 @@ pub fn load_shadowed(config_file: &Path, libraries: &Arc<ShadowLibraries>) -> Re
 /// sample history once per model ([`selfcheck::sample_runs`]). A chain that fails is
 /// refused in one line.
 pub fn load_checked(config_file: &Path, libraries: &Arc<ShadowLibraries>) -> Result<Loaded, String> {
-    let mut loaded = load_shadowed(config_file, libraries).map_err(|e| e.to_string())?;
-    let (_, problems) = selfcheck::sample_runs(&mut loaded.chain, &loaded.config);
+    let loaded = load_shadowed(config_file, libraries).map_err(|e| e.to_string())?;
+    let (_, problems) = selfcheck::sample_runs(&loaded.chain, &loaded.config);
     match problems.as_slice() {
         [] => Ok(loaded),
         [only] => Err(only.clone()),

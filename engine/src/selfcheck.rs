@@ -424,14 +424,14 @@ pub fn check(config_file: &Path, prober: &Prober) -> CheckReport {
         return report;
     }
     // Every library the chain maps here has loaded in a child first.
-    let mut chain = match Chain::load(&config, &catalog) {
+    let chain = match Chain::load(&config, &catalog) {
         Ok(chain) => chain,
         Err(err) => {
             report.problems.push(err.to_string());
             return report;
         }
     };
-    let (runs, problems) = sample_runs(&mut chain, &config);
+    let (runs, problems) = sample_runs(&chain, &config);
     report.warnings.extend(fail_open_rewriters(&config, &runs));
     report.runs = runs;
     report.problems.extend(problems);
@@ -470,16 +470,7 @@ fn fail_open_rewriters(config: &Config, runs: &[SampleRun]) -> Vec<String> {
 /// the runs, and every fault as a problem line. Every stage runs, so every fault is
 /// reported, whatever `on_plugin_error` and `required` say; the chain's own settings are
 /// put back after. `check` reports these; a reload refuses a chain with a problem.
-pub fn sample_runs(chain: &mut Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
-    let on_error = std::mem::replace(&mut chain.on_error, OnPluginError::Skip);
-    let required = std::mem::take(&mut chain.required);
-    let result = run_samples(chain, config);
-    chain.on_error = on_error;
-    chain.required = required;
-    result
-}
-
-fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
+pub fn sample_runs(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) {
     let mut runs = Vec::new();
     // The same fault on every model is one problem, naming the models.
     let mut faults = SampleFaults::default();
@@ -502,7 +493,7 @@ fn run_samples(chain: &Chain, config: &Config) -> (Vec<SampleRun>, Vec<String>) 
         // it is the sample's (`sample_run{model=…}:`), so a reload's check is not taken
         // for a turn (docs/cli.md#logging).
         let span = tracing::info_span!("sample_run", model = %plugin_api::echo::bare(&name));
-        match span.in_scope(|| chain.run(history, &ctx, Call::Process)) {
+        match span.in_scope(|| chain.run_every_stage(history, &ctx, Call::Process)) {
             Ok(run) => {
                 let stages: Vec<StageCheck> = run
                     .stages
