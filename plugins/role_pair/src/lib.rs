@@ -71,7 +71,35 @@ struct Repair<'a> {
     turn: u64,
 }
 
-impl Repair<'_> {
+impl<'a> Repair<'a> {
+    fn new(history: &[RArc<Message>], plugin: &'a RolePair, ctx: &'a Context) -> Repair<'a> {
+        Repair {
+            nodes: history
+                .iter()
+                .enumerate()
+                .map(|(index, message)| Node {
+                    message: message.clone(),
+                    index,
+                    call_sources: vec![message.clone()],
+                })
+                .collect(),
+            events: Vec::new(),
+            plugin,
+            ctx,
+            turn: ctx.turn,
+        }
+    }
+
+    /// One pass of the five steps, in order: whether any changed anything.
+    fn pass(&mut self) -> bool {
+        let mut changed = self.drop_orphans_and_duplicates();
+        changed |= self.move_results_to_calls();
+        changed |= self.collapse_runs();
+        changed |= self.answer_unanswered_calls();
+        changed |= self.drop_leading_non_user();
+        changed
+    }
+
     fn answers(&self) -> Vec<Option<usize>> {
         let messages: Vec<RArc<Message>> = self.nodes.iter().map(|n| n.message.clone()).collect();
         answered_calls(&messages)
@@ -451,33 +479,14 @@ impl RolePair {
         if already_repaired(history) {
             return Ok(Output::unchanged(history));
         }
-        let mut repair = Repair {
-            nodes: history
-                .iter()
-                .enumerate()
-                .map(|(index, message)| Node {
-                    message: message.clone(),
-                    index,
-                    call_sources: vec![message.clone()],
-                })
-                .collect(),
-            events: Vec::new(),
-            plugin: self,
-            ctx,
-            turn: ctx.turn,
-        };
+        let mut repair = Repair::new(history, self, ctx);
         // Each pass either changes nothing (done) or removes messages, merges them, or
         // answers calls that a later pass cannot unanswer; the bound is a safety net so a
         // mistake here becomes an error, never a hung host.
         let max_passes = history.len() + 8;
         let mut changed_at_all = false;
         for _ in 0..max_passes {
-            let mut changed = repair.drop_orphans_and_duplicates();
-            changed |= repair.move_results_to_calls();
-            changed |= repair.collapse_runs();
-            changed |= repair.answer_unanswered_calls();
-            changed |= repair.drop_leading_non_user();
-            if !changed {
+            if !repair.pass() {
                 if !changed_at_all {
                     return Ok(Output::unchanged(history));
                 }
@@ -610,27 +619,7 @@ mod tests {
     fn first_pass_changes(history: &[RArc<Message>]) -> bool {
         let plugin = RolePair::new(&load_context("{}")).unwrap();
         let ctx = context(100, 1);
-        let mut repair = Repair {
-            nodes: history
-                .iter()
-                .enumerate()
-                .map(|(index, message)| Node {
-                    message: message.clone(),
-                    index,
-                    call_sources: vec![message.clone()],
-                })
-                .collect(),
-            events: Vec::new(),
-            plugin: &plugin,
-            ctx: &ctx,
-            turn: 1,
-        };
-        let mut changed = repair.drop_orphans_and_duplicates();
-        changed |= repair.move_results_to_calls();
-        changed |= repair.collapse_runs();
-        changed |= repair.answer_unanswered_calls();
-        changed |= repair.drop_leading_non_user();
-        changed
+        Repair::new(history, &plugin, &ctx).pass()
     }
 
     #[test]
