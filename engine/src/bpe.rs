@@ -70,11 +70,15 @@ static CL100K_RANKS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_ba
 
 /// One BPE encoding: its splitting pattern and its ranks.
 pub(crate) struct Encoding {
-    split: Regex,
-    /// Search caches for `split`, one taken per text counted. `Regex::search` takes one
-    /// from the regex's own pool for every piece, and a thread other than the pool's
-    /// first takes it under a mutex: with the service's many threads that was a fifth of
-    /// counting in the serve bench.
+    pattern: &'static str,
+    /// The splitting pattern, compiled for the first piece it has to decide: a few
+    /// milliseconds, which a `history-host process` of ASCII text in `o200k_base` never
+    /// spends (crate::bpe_ascii decides those pieces).
+    split: OnceLock<Regex>,
+    /// Scratches, one taken per text counted: a search cache for `split` (`Regex::search`
+    /// takes one from the regex's own pool for every piece, and a thread other than the
+    /// pool's first takes it under a mutex: with the service's many threads that was a
+    /// fifth of counting in the serve bench) and the recent pieces' counts.
     caches: Pool<Scratch, NewScratch>,
     ranks: RankTable<'static>,
     /// The pattern is `o200k_base`'s, worked by hand for ASCII (crate::bpe_ascii): a
@@ -88,7 +92,8 @@ type NewScratch = Box<dyn Fn() -> Scratch + Send + Sync + std::panic::RefUnwindS
 /// What one count works with, taken from the encoding's pool and given back after: the
 /// regex's search cache and the counts of the pieces counted lately.
 pub(crate) struct Scratch {
-    regex: Cache,
+    /// Made when the regex first decides a piece.
+    regex: Option<Cache>,
     pieces: PieceCounts,
 }
 
@@ -197,26 +202,25 @@ impl PieceCounts {
     }
 }
 
-/// The `o200k_base` encoding (its pattern is compiled on first use).
+/// The `o200k_base` encoding (its pattern is compiled for the first piece that is not ASCII).
 pub(crate) fn o200k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
     ENCODING.get_or_init(|| Encoding::new(O200K_PATTERN, O200K_RANKS, true))
 }
 
-/// The `cl100k_base` encoding (its pattern is compiled on first use).
+/// The `cl100k_base` encoding (its pattern is compiled for the first piece).
 pub(crate) fn cl100k_base() -> &'static Encoding {
     static ENCODING: OnceLock<Encoding> = OnceLock::new();
     ENCODING.get_or_init(|| Encoding::new(CL100K_PATTERN, CL100K_RANKS, false))
 }
 
 impl Encoding {
-    fn new(pattern: &str, ranks: &'static [u8], ascii_o200k: bool) -> Encoding {
-        let split = Regex::new(pattern).expect("a tiktoken pattern compiles");
-        let for_caches = split.clone();
+    fn new(pattern: &'static str, ranks: &'static [u8], ascii_o200k: bool) -> Encoding {
         Encoding {
-            split,
-            caches: Pool::new(Box::new(move || Scratch {
-                regex: for_caches.create_cache(),
+            pattern,
+            split: OnceLock::new(),
+            caches: Pool::new(Box::new(|| Scratch {
+                regex: None,
                 pieces: PieceCounts::new(),
             })),
             ranks: RankTable::new(ranks),
@@ -262,14 +266,15 @@ impl Encoding {
 
 impl Encoding {
     /// The end of the piece at `start` by the regex, look-ahead done.
-    fn regex_piece(&self, cache: &mut Cache, text: &str, start: usize) -> usize {
+    fn regex_piece(&self, cache: &mut Option<Cache>, text: &str, start: usize) -> usize {
+        let split = self
+            .split
+            .get_or_init(|| Regex::new(self.pattern).expect("a tiktoken pattern compiles"));
+        let cache = cache.get_or_insert_with(|| split.create_cache());
         let input = Input::new(text).range(start..).anchored(Anchored::Yes);
         // Every character starts a piece (the last branch takes any whitespace, the
         // others everything else), so an anchored search always finds one.
-        let found = self
-            .split
-            .search_with(cache, &input)
-            .map_or(text.len(), |m| m.end());
+        let found = split.search_with(cache, &input).map_or(text.len(), |m| m.end());
         lookahead_end(text, start, found)
     }
 }
