@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::fixtures::{fixture_library, plugin_dir_with};
+use e2e_tests::fixtures::{fixture_library, plugin_dir_with, plugin_dir_with_installed};
 use e2e_tests::server::Server;
 use e2e_tests::{describe, json, TestConfig};
 use history_engine::{load_chain, stateless_context, Call};
@@ -122,6 +122,79 @@ fn under_fail_the_turn_fails_naming_the_plugin_with_status_4() {
             .last()
             .unwrap()
             .starts_with("history-host: plugin \"sleeper\" failed: did not return within 300 ms"),
+        "{stderr}"
+    );
+}
+
+/// The run goes on past a late stage, from the history that stage was given (the helper
+/// thread's checkpoint): the stages after it run, here `role_pair` in the view, which
+/// merges the two user messages; and so on every later run, the stage quarantined.
+#[test]
+fn the_stages_after_a_late_one_run_on_its_input() {
+    let dir = plugin_dir_with_installed(&[&fixture_library("sleeper")]);
+    let config = config("skip", "", dir.path());
+    let text = std::fs::read_to_string(&config.path).unwrap().replace(
+        "chain = [\"default\", \"sleeper\"]",
+        "chain = [\"default\", \"sleeper\", \"tool_result_filter\"]\nview = [\"role_pair\"]",
+    );
+    std::fs::write(&config.path, text).unwrap();
+    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
+    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    let history = || {
+        history_wire::chat::history_from_str(
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
+                {"role":"user","content":"and more"},{"role":"assistant","content":"done"}]"#,
+        )
+        .unwrap()
+    };
+    for late in [true, false, false] {
+        let started = Instant::now();
+        let run = chain.run(history(), &ctx, Call::Process).unwrap();
+        assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
+        let names: Vec<&str> = run.stages.iter().map(|s| s.plugin.as_str()).collect();
+        assert_eq!(names, ["default", "sleeper", "tool_result_filter", "role_pair"]);
+        let sleeper = &run.stages[1];
+        assert!(sleeper.quarantined, "{sleeper:?}");
+        let why = sleeper.skipped.as_deref().unwrap();
+        assert_eq!(why.starts_with("did not return within 300 ms"), late, "{why}");
+        for after in &run.stages[2..] {
+            assert!(after.skipped.is_none() && !after.quarantined, "{after:?}");
+            assert_eq!(after.messages_in, 4, "{after:?}");
+        }
+        assert_eq!(
+            run.working.len(),
+            4,
+            "the chain's output is the late stage's input"
+        );
+        assert_eq!(
+            run.history.len(),
+            3,
+            "the view ran: the two user messages are one"
+        );
+        assert!(run.stages[3]
+            .events
+            .iter()
+            .any(|e| e.kind.as_str() == "message-merged"));
+    }
+}
+
+/// An ingest plugin past the deadline fails the call whatever `on_plugin_error` says:
+/// unredacted text is never passed on (docs/chain.md#ingest).
+#[test]
+fn a_late_ingest_plugin_fails_the_call() {
+    let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
+    let config = TestConfig::new(&format!(
+        "plugin_dir = {:?}\n[history]\nchain = [\"default\"]\ningest = [\"sleeper\"]\non_plugin_error = \"skip\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n",
+        dir.path().display().to_string()
+    ));
+    let started = Instant::now();
+    let output = config.process(&[], HISTORY);
+    assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("plugin \"sleeper\" failed: did not return within 300 ms"),
         "{stderr}"
     );
 }
