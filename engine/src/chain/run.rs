@@ -111,13 +111,7 @@ impl Chain {
     ) -> Result<RunProgress, PluginFailure> {
         let Some(limit) = self.deadline else {
             let previous = previous.map(PreviousSent::new);
-            let env = RunEnv {
-                ctx,
-                call,
-                previous: previous.as_ref(),
-                watch: None,
-            };
-            self.run_stages(pass, 0, &mut progress, env)
+            self.run_stages(pass, 0, &mut progress, RunEnv::here(ctx, call, previous.as_ref()))
                 .map_err(Stop::into_failure)?;
             return Ok(progress);
         };
@@ -181,15 +175,10 @@ impl Chain {
                         "{QUARANTINE_PREFIX} {} ms (plugin_timeout_ms); the call is left running and the plugin quarantined until the chain is reloaded",
                         limit.as_millis()
                     ));
-                    let previous = previous.map(PreviousSent::new);
-                    let env = RunEnv {
-                        ctx,
-                        call,
-                        previous: previous.as_ref(),
-                        watch: None,
-                    };
                     report.elapsed = elapsed;
-                    self.finish_stage(pass, index, report, &mut progress, env, late)
+                    let previous = previous.map(PreviousSent::new);
+                    let here = RunEnv::here(ctx, call, previous.as_ref());
+                    self.finish_stage(pass, index, report, &mut progress, here, late)
                         .map_err(Stop::into_failure)?;
                     from = index + 1;
                 }
@@ -463,6 +452,19 @@ struct RunEnv<'a> {
     previous: Option<&'a PreviousSent<'a>>,
     /// Under a deadline: the waiter watching this run's calls.
     watch: Option<&'a RunWatch>,
+}
+
+impl<'a> RunEnv<'a> {
+    /// Stages run on this thread, with no deadline to watch: a whole run without a
+    /// deadline, or a late call's stage after it.
+    fn here(ctx: &'a Context, call: Call<'a>, previous: Option<&'a PreviousSent<'a>>) -> RunEnv<'a> {
+        RunEnv {
+            ctx,
+            call,
+            previous,
+            watch: None,
+        }
+    }
 }
 
 /// Which stages a run goes through.

@@ -18,8 +18,13 @@ const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","conten
 const BOUND: Duration = Duration::from_secs(15);
 
 fn config(on_error: &str, extra: &str, dir: &std::path::Path) -> TestConfig {
+    config_with("chain = [\"default\", \"sleeper\"]", on_error, extra, dir)
+}
+
+/// `history`: the `[history]` keys besides `on_plugin_error` and the 300 ms deadline.
+fn config_with(history: &str, on_error: &str, extra: &str, dir: &std::path::Path) -> TestConfig {
     TestConfig::new(&format!(
-        "plugin_dir = {:?}\n[history]\nchain = [\"default\", \"sleeper\"]\non_plugin_error = \"{on_error}\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n{extra}",
+        "plugin_dir = {:?}\n[history]\n{history}\non_plugin_error = \"{on_error}\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n{extra}",
         dir.display().to_string()
     ))
 }
@@ -79,12 +84,12 @@ fn a_call_past_the_deadline_is_skipped_and_the_plugin_quarantined() {
 #[test]
 fn a_quarantined_required_plugin_fails_every_later_call() {
     let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
-    let config = config("skip", "", dir.path());
-    let text = std::fs::read_to_string(&config.path).unwrap().replace(
-        "plugin_timeout_ms = 300",
-        "plugin_timeout_ms = 300\nrequired = [\"sleeper\"]",
+    let config = config_with(
+        "chain = [\"default\", \"sleeper\"]\nrequired = [\"sleeper\"]",
+        "skip",
+        "",
+        dir.path(),
     );
-    std::fs::write(&config.path, text).unwrap();
     let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
     let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
     let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
@@ -132,12 +137,12 @@ fn under_fail_the_turn_fails_naming_the_plugin_with_status_4() {
 #[test]
 fn the_stages_after_a_late_one_run_on_its_input() {
     let dir = plugin_dir_with_installed(&[&fixture_library("sleeper")]);
-    let config = config("skip", "", dir.path());
-    let text = std::fs::read_to_string(&config.path).unwrap().replace(
-        "chain = [\"default\", \"sleeper\"]",
+    let config = config_with(
         "chain = [\"default\", \"sleeper\", \"tool_result_filter\"]\nview = [\"role_pair\"]",
+        "skip",
+        "",
+        dir.path(),
     );
-    std::fs::write(&config.path, text).unwrap();
     let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
     let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
     let history = || {
@@ -183,10 +188,12 @@ fn the_stages_after_a_late_one_run_on_its_input() {
 #[test]
 fn a_late_ingest_plugin_fails_the_call() {
     let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
-    let config = TestConfig::new(&format!(
-        "plugin_dir = {:?}\n[history]\nchain = [\"default\"]\ningest = [\"sleeper\"]\non_plugin_error = \"skip\"\nplugin_timeout_ms = 300\n[models.default]\ntokenizer = \"chars4\"\n",
-        dir.path().display().to_string()
-    ));
+    let config = config_with(
+        "chain = [\"default\"]\ningest = [\"sleeper\"]",
+        "skip",
+        "",
+        dir.path(),
+    );
     let started = Instant::now();
     let output = config.process(&[], HISTORY);
     assert!(started.elapsed() < BOUND, "{:?}", started.elapsed());
