@@ -56,7 +56,12 @@ pub(crate) fn in_host_service<R>(f: impl FnOnce() -> R) -> R {
 /// service clock of its own, so [`in_host_service`] and [`host_service_spent`] count its
 /// host-service time.
 pub(crate) fn with_service_clock<R>(f: impl FnOnce() -> R) -> R {
-    let outer = CURRENT.with(|c| c.borrow_mut().replace(Arc::new(ServiceTime::default())));
+    with_clock(Arc::new(ServiceTime::default()), f)
+}
+
+/// Runs `f` with `clock` as this thread's service clock, the outer one put back after.
+fn with_clock<R>(clock: Arc<ServiceTime>, f: impl FnOnce() -> R) -> R {
+    let outer = CURRENT.with(|c| c.borrow_mut().replace(clock));
     let result = f();
     CURRENT.with(|c| *c.borrow_mut() = outer);
     result
@@ -127,9 +132,7 @@ impl<C, T> Watch<C, T> {
             clock: clock.clone(),
             checkpoint,
         });
-        let outer = CURRENT.with(|c| c.borrow_mut().replace(clock));
-        let answer = f();
-        CURRENT.with(|c| *c.borrow_mut() = outer);
+        let answer = with_clock(clock, f);
         let mut shared = self.lock();
         if shared.abandoned {
             return None;

@@ -44,11 +44,7 @@ pub fn write_history(out: &mut String, history: &[RArc<Message>], lasting: &[RAr
 /// caller passes only a message of the working history it keeps, as [`write_history`]
 /// remembers only those.
 pub fn remember(message: &RArc<Message>, text: &str) {
-    let key = address(message);
-    let bytes = 2 * text.len() + std::mem::size_of::<Message>();
-    memory()
-        .0
-        .insert(spread(key), key, (message.clone(), text.into()), bytes);
+    memory().remember(message, text);
 }
 
 fn memory() -> &'static Memory {
@@ -96,12 +92,17 @@ impl Memory {
             }
             let start = out.len();
             write_message(out, message);
-            let text = &out[start..];
-            let bytes = 2 * text.len() + std::mem::size_of::<Message>();
-            self.0
-                .insert(spread(key), key, (message.clone(), text.into()), bytes);
+            self.remember(message, &out[start..]);
         }
         out.push(']');
+    }
+
+    /// Keeps `text` as `message`'s, the message with it (so its address stays its own).
+    fn remember(&self, message: &RArc<Message>, text: &str) {
+        let key = address(message);
+        let bytes = 2 * text.len() + std::mem::size_of::<Message>();
+        self.0
+            .insert(spread(key), key, (message.clone(), text.into()), bytes);
     }
 
     #[cfg(test)]

@@ -247,9 +247,9 @@ impl Session {
             .collect();
         // The answer writes the new messages the chain kept as their transcript rows are
         // written: it copies those texts instead (docs/sessions.md#answers).
-        let kept_from = run.working.len().saturating_sub(entering.len() + 8);
         for (message, row) in entering.iter().zip(&transcript) {
-            if run.working[kept_from..]
+            if run
+                .working
                 .iter()
                 .any(|kept| std::ptr::eq::<Message>(&**kept, &**message))
             {
