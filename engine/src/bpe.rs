@@ -72,8 +72,9 @@ static CL100K_RANKS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cl100k_ba
 pub(crate) struct Encoding {
     pattern: &'static str,
     /// The splitting pattern, compiled for the first piece it has to decide: a few
-    /// milliseconds, which a `history-host process` of ASCII text in `o200k_base` never
-    /// spends (crate::bpe_ascii decides those pieces).
+    /// milliseconds, which a `history-host process` in `o200k_base` spends only for a
+    /// piece with a character crate::o200k_split leaves to it (a letter of neither case,
+    /// such as CJK, a mark, a digit or a space beyond ASCII).
     split: OnceLock<Regex>,
     /// Scratches, one taken per text counted: a search cache for `split` (`Regex::search`
     /// takes one from the regex's own pool for every piece, and a thread other than the
@@ -81,10 +82,10 @@ pub(crate) struct Encoding {
     /// fifth of counting in the serve bench) and the recent pieces' counts.
     caches: Pool<Scratch, NewScratch>,
     ranks: RankTable<'static>,
-    /// The pattern is `o200k_base`'s, worked by hand for ASCII (crate::bpe_ascii): a
+    /// The pattern is `o200k_base`'s, worked by hand (crate::o200k_split): a
     /// piece's end, or `None` where the regex must decide. Called directly, not through
     /// a function pointer, so it is inlined into the count's loop.
-    ascii_o200k: bool,
+    split_by_hand: bool,
 }
 
 type NewScratch = Box<dyn Fn() -> Scratch + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
@@ -97,66 +98,73 @@ pub(crate) struct Scratch {
     pieces: PieceCounts,
 }
 
-/// The token counts of recently counted pieces, direct-mapped by the pieces' hash: words
-/// repeat (a piece is five bytes on average, and a session's text says the same words
-/// again and again), and a hit costs one look into this small table where the count costs
-/// a look-up in the vocabulary's table of megabytes, a cache miss or several, and for a
-/// piece that is not one token the byte-pair merge as well (docs/sessions.md#counting-tokens).
-/// Exact: an entry holds the piece's bytes and is used only for the same bytes.
+/// The token counts of recently counted pieces, two-way set-associative by the pieces'
+/// hash: words repeat (a piece is five bytes on average, and a session's text says the
+/// same words again and again), and a hit costs one look into this small table where the
+/// count costs a look-up in the vocabulary's table of megabytes, a cache miss or several,
+/// and for a piece that is not one token the byte-pair merge as well
+/// (docs/sessions.md#counting-tokens). Two ways: a text's few thousand distinct pieces
+/// evict each other in a direct-mapped table of this size (a generated 4.6 MB history
+/// looked up the vocabulary for 4.7 % of its pieces that way, for 0.9 % with two ways;
+/// its distinct pieces are about 0.75 %). Exact: an entry holds the piece's bytes and is
+/// used only for the same bytes.
 struct PieceCounts {
-    entries: Box<[PieceEntry]>,
+    sets: Box<[PieceSet]>,
 }
 
-/// Pieces longer than this are counted without the cache (few are; they rarely repeat).
-const CACHED_PIECE: usize = 23;
-
-/// 8,192 entries of 32 bytes: 256 KiB, within a core's L2 cache.
-const PIECE_ENTRIES: usize = 8192;
-
-/// A cached piece: its bytes zero-padded to 23 and its length in the last byte, as three
-/// words, so a look-up compares three words (no piece is empty: an all-zero key is an
-/// empty entry).
-type PieceKey = [u64; 3];
-
+/// A set: the piece found or added last first.
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(32))]
+struct PieceSet([PieceEntry; 2]);
+
+/// Pieces longer than this are counted without the cache (few are: a word of fifteen
+/// letters with its space, a long run of spaces).
+const CACHED_PIECE: usize = 15;
+
+/// 8,192 sets of two entries of 16 bytes: 256 KiB, within a core's L2 cache.
+const PIECE_SETS: usize = 8192;
+
+/// A cached piece: its bytes zero-padded to 15 in two words, its length in the top byte's
+/// low half (no piece is empty: an all-zero entry is an empty one) and, in an entry, its
+/// count in the top byte's high half (a piece of at most 15 bytes has at most 15 tokens).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+#[repr(C, align(16))]
 struct PieceEntry {
-    key: PieceKey,
-    count: u64,
+    low: u64,
+    high: u64,
 }
 
-/// The key of the piece `text[start..start + len]`, `len` at most [`CACHED_PIECE`].
+/// Where an entry keeps its count.
+const COUNT_SHIFT: u32 = 60;
+
+/// The key of the piece `text[start..start + len]`, `len` at most [`CACHED_PIECE`]: an
+/// entry without its count.
 #[inline]
-fn piece_key(text: &[u8], start: usize, len: usize) -> PieceKey {
-    let mut words = [0u64; 3];
-    if start + 24 <= text.len() {
-        // Three unaligned loads, the bytes past the piece masked off below.
-        for (i, word) in words.iter_mut().enumerate() {
-            let at = start + 8 * i;
-            *word = u64::from_le_bytes(text[at..at + 8].try_into().expect("8 bytes"));
-        }
+fn piece_key(text: &[u8], start: usize, len: usize) -> PieceEntry {
+    let (low, high) = if start + 16 <= text.len() {
+        // Two unaligned loads, the bytes past the piece masked off below.
+        let word = |at: usize| u64::from_le_bytes(text[at..at + 8].try_into().expect("8 bytes"));
+        (word(start), word(start + 8))
     } else {
-        let mut bytes = [0u8; 24];
+        let mut bytes = [0u8; 16];
         bytes[..len].copy_from_slice(&text[start..start + len]);
-        for (i, word) in words.iter_mut().enumerate() {
-            *word = u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-        }
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        (word(0), word(8))
+    };
+    let [low_mask, high_mask] = PIECE_MASKS[len];
+    PieceEntry {
+        low: low & low_mask,
+        high: (high & high_mask) | (len as u64) << 56,
     }
-    let mask = &PIECE_MASKS[len];
-    [
-        words[0] & mask[0],
-        words[1] & mask[1],
-        (words[2] & mask[2]) | (len as u64) << 56,
-    ]
 }
 
 /// For each piece length, the masks keeping a key's words' bytes of the piece.
-const PIECE_MASKS: [[u64; 3]; CACHED_PIECE + 1] = {
-    let mut masks = [[0u64; 3]; CACHED_PIECE + 1];
+const PIECE_MASKS: [[u64; 2]; CACHED_PIECE + 1] = {
+    let mut masks = [[0u64; 2]; CACHED_PIECE + 1];
     let mut len = 0;
     while len <= CACHED_PIECE {
         let mut word = 0;
-        while word < 3 {
+        while word < 2 {
             let kept = len.saturating_sub(8 * word);
             masks[len][word] = if kept >= 8 {
                 u64::MAX
@@ -170,20 +178,31 @@ const PIECE_MASKS: [[u64; 3]; CACHED_PIECE + 1] = {
     masks
 };
 
-/// The slot of a key: FxHash's mixing of its three words.
+/// The set of a key: one multiply (FxHash's constant) of its words folded together, its
+/// high bits.
 #[inline]
-fn piece_slot(key: &PieceKey) -> usize {
+fn piece_set(key: &PieceEntry) -> usize {
     const K: u64 = 0x517c_c1b7_2722_0a95;
-    let mut h = key[0].wrapping_mul(K);
-    h = (h.rotate_left(5) ^ key[1]).wrapping_mul(K);
-    h = (h.rotate_left(5) ^ key[2]).wrapping_mul(K);
-    (h >> 40) as usize & (PIECE_ENTRIES - 1)
+    let h = (key.low ^ key.high.rotate_left(29)).wrapping_mul(K);
+    (h >> (64 - PIECE_SETS.trailing_zeros())) as usize
+}
+
+impl PieceEntry {
+    /// Whether this entry holds the piece of `key`.
+    #[inline]
+    fn holds(&self, key: &PieceEntry) -> bool {
+        self.low == key.low && self.high & !(0xf << COUNT_SHIFT) == key.high
+    }
+
+    fn count(&self) -> u64 {
+        self.high >> COUNT_SHIFT
+    }
 }
 
 impl PieceCounts {
     fn new() -> PieceCounts {
         PieceCounts {
-            entries: vec![PieceEntry::default(); PIECE_ENTRIES].into_boxed_slice(),
+            sets: vec![PieceSet::default(); PIECE_SETS].into_boxed_slice(),
         }
     }
 
@@ -192,12 +211,21 @@ impl PieceCounts {
     #[inline]
     fn get_or(&mut self, text: &[u8], start: usize, len: usize, count: impl FnOnce() -> u64) -> u64 {
         let key = piece_key(text, start, len);
-        let entry = &mut self.entries[piece_slot(&key)];
-        if entry.key == key {
-            return entry.count;
+        let PieceSet(ways) = &mut self.sets[piece_set(&key)];
+        if ways[0].holds(&key) {
+            return ways[0].count();
+        }
+        if ways[1].holds(&key) {
+            ways.swap(0, 1);
+            return ways[0].count();
         }
         let counted = count();
-        *entry = PieceEntry { key, count: counted };
+        // The older entry goes; at most `len` ≤ 15 tokens fit the count's four bits.
+        ways[1] = ways[0];
+        ways[0] = PieceEntry {
+            high: key.high | counted << COUNT_SHIFT,
+            ..key
+        };
         counted
     }
 }
@@ -215,7 +243,7 @@ pub(crate) fn cl100k_base() -> &'static Encoding {
 }
 
 impl Encoding {
-    fn new(pattern: &'static str, ranks: &'static [u8], ascii_o200k: bool) -> Encoding {
+    fn new(pattern: &'static str, ranks: &'static [u8], split_by_hand: bool) -> Encoding {
         Encoding {
             pattern,
             split: OnceLock::new(),
@@ -224,7 +252,7 @@ impl Encoding {
                 pieces: PieceCounts::new(),
             })),
             ranks: RankTable::new(ranks),
-            ascii_o200k,
+            split_by_hand,
         }
     }
 
@@ -237,14 +265,16 @@ impl Encoding {
         let mut count = 0u64;
         let mut start = 0;
         while start < text.len() {
-            let by_hand = if self.ascii_o200k {
-                crate::bpe_ascii::o200k_piece(text.as_bytes(), start)
+            let by_hand = if self.split_by_hand {
+                crate::o200k_split::o200k_piece(text.as_bytes(), start)
             } else {
                 None
             };
             let end = match by_hand {
-                Some(end) => end,
-                None => self.regex_piece(&mut scratch.regex, text, start),
+                // Never an empty piece, even from a wrong split: the regex decides it then
+                // (an empty piece would never end the loop).
+                Some(end) if end > start => end,
+                _ => self.regex_piece(&mut scratch.regex, text, start),
             };
             let piece = &text.as_bytes()[start..end];
             let count_piece = || match self.ranks.get(piece) {
@@ -588,7 +618,7 @@ mod tests {
 
     #[test]
     fn a_piece_has_one_key_wherever_it_stands_and_its_own() {
-        // Mid-text (three loads, the rest masked off) and at the end (copied): one key.
+        // Mid-text (two loads, the rest masked off) and at the end (copied): one key.
         let text = b"xx hello world, and then some more text after it";
         let tail = b"the end: hello";
         let key = piece_key(text, 2, 6);
@@ -596,8 +626,8 @@ mod tests {
         assert_ne!(key, piece_key(text, 2, 5), "a prefix is another piece");
         assert_ne!(key, piece_key(text, 3, 6));
         let long = b"abcdefghijklmnopqrstuvwxyz0123456789";
-        assert_ne!(piece_key(long, 0, 23), piece_key(long, 0, 22));
-        assert_eq!(piece_key(long, 1, 23), piece_key(&long[1..24], 0, 23));
+        assert_ne!(piece_key(long, 0, 15), piece_key(long, 0, 14));
+        assert_eq!(piece_key(long, 1, 15), piece_key(&long[1..16], 0, 15));
         // Counted twice through the cache, a text gives tiktoken's count both times.
         let text = "The same words, the same words again: the same words.";
         assert_eq!(count(text), o200k(text));
@@ -605,33 +635,54 @@ mod tests {
     }
 
     #[test]
-    fn the_ascii_pieces_are_the_regexs() {
+    fn the_pieces_split_by_hand_are_the_regexs() {
         // Random text over the characters each branch turns on, ASCII and not: every
-        // piece the hand-made split gives is the regex's.
-        let alphabet: Vec<char> = "aZs'tRrEvVlLmMdD09 \t\n\r\x0b\x0c/.,!(_\x00\x7fé\u{a0}\u{17f}中²—"
-            .chars()
-            .collect();
+        // piece the hand-made split gives is the regex's. Beyond ASCII: uppercase and
+        // lowercase letters (ſ folds to `s` in a contraction), spaces (no-break, next
+        // line, line separator, ideographic), punctuation and symbols (a zero-width joiner
+        // is neither letter nor space), and what the split leaves to the regex: other
+        // letters (CJK, ª, ʰ, ǅ), marks, numbers.
+        let alphabet: Vec<char> = concat!(
+            "aZs'tRrEvVlLmMdD09 \t\n\r\x0b\x0c/.,!(_\x00\x7f",
+            "éÉßſΩωЖж’—•×«€→\u{200d}\u{a0}\u{85}\u{2028}\u{202f}\u{3000}",
+            "中ªʰǅ\u{301}\u{fe0f}²٣",
+        )
+        .chars()
+        .collect();
+        let lowercase: Vec<char> = "abcdefghijklmnopqrstuvwxyzéßж".chars().collect();
         let encoding = o200k_base();
         let mut cache = encoding.caches.get();
         let cache = &mut cache.regex;
         let mut state = 7u64;
-        let mut decided = 0;
-        for _ in 0..20_000 {
+        let (mut decided, mut wide) = (0, 0);
+        for round in 0..40_000 {
             let len = 1 + (next(&mut state) % 12) as usize;
-            let text: String = (0..len)
-                .map(|_| alphabet[(next(&mut state) % alphabet.len() as u64) as usize])
-                .collect();
+            let mut text = String::new();
+            for _ in 0..len {
+                text.push(alphabet[(next(&mut state) % alphabet.len() as u64) as usize]);
+                // Every other text has long runs of lowercase letters too, which the split
+                // reads eight bytes at a time while they are ASCII: runs that end on each
+                // byte of a word, and go on past a letter beyond ASCII.
+                if round % 2 == 1 && next(&mut state).is_multiple_of(3) {
+                    let run = (next(&mut state) % 20) as usize;
+                    text.extend(
+                        (0..run).map(|_| lowercase[(next(&mut state) % lowercase.len() as u64) as usize]),
+                    );
+                }
+            }
             let mut start = 0;
             while start < text.len() {
                 let by_regex = encoding.regex_piece(cache, &text, start);
-                if let Some(end) = crate::bpe_ascii::o200k_piece(text.as_bytes(), start) {
+                if let Some(end) = crate::o200k_split::o200k_piece(text.as_bytes(), start) {
                     assert_eq!(end, by_regex, "{text:?} from {start}");
                     decided += 1;
+                    wide += usize::from(!text[start..end].is_ascii());
                 }
                 start = by_regex;
             }
         }
-        assert!(decided > 20_000, "{decided} pieces decided by hand");
+        assert!(decided > 40_000, "{decided} pieces decided by hand");
+        assert!(wide > 10_000, "{wide} pieces beyond ASCII decided by hand");
     }
 
     #[test]

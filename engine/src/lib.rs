@@ -29,8 +29,8 @@
 
 pub mod bounded;
 mod bpe;
-mod bpe_ascii;
 pub mod chain;
+mod o200k_split;
 /// The output check: plugin-api's, so a plugin's own tests run the same code.
 pub use plugin_api::check;
 pub mod compat;
