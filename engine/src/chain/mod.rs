@@ -41,28 +41,25 @@ enum Runner {
 
 impl Stage {
     fn new(name: String, version: String, instance: PluginBox) -> Stage {
-        Stage {
-            name,
-            version,
-            runner: Runner::InProcess(Arc::new(instance)),
-            quarantined: AtomicBool::new(false),
-        }
+        Stage::with_runner(name, version, Runner::InProcess(Arc::new(instance)))
     }
 
     fn isolated(name: String, plugin: IsolatedPlugin) -> Stage {
-        Stage {
-            name,
-            version: plugin.version().to_string(),
-            runner: Runner::Isolated(plugin),
-            quarantined: AtomicBool::new(false),
-        }
+        let version = plugin.version().to_string();
+        Stage::with_runner(name, version, Runner::Isolated(plugin))
     }
 
     fn process(name: String, plugin: ProcessPlugin) -> Stage {
+        let version = plugin.version().to_string();
+        Stage::with_runner(name, version, Runner::Process(plugin))
+    }
+
+    /// A stage not quarantined: every kind of plugin starts so.
+    fn with_runner(name: String, version: String, runner: Runner) -> Stage {
         Stage {
             name,
-            version: plugin.version().to_string(),
-            runner: Runner::Process(plugin),
+            version,
+            runner,
             quarantined: AtomicBool::new(false),
         }
     }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use e2e_tests::fixtures::{fixture_library, plugin_dir_with, plugin_dir_with_installed};
 use e2e_tests::server::Server;
 use e2e_tests::{describe, json, TestConfig};
-use history_engine::{load_chain, stateless_context, Call};
+use history_engine::{load_chain, stateless_context, Call, Chain};
+use plugin_api::Context;
 use serde_json::json as j;
 
 const HISTORY: &str = r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
@@ -29,6 +30,14 @@ fn config_with(history: &str, on_error: &str, extra: &str, dir: &std::path::Path
     ))
 }
 
+/// The chain of `config`, loaded in this process, and a stateless call's context on
+/// `[models.default]` at turn 1.
+fn chain_and_context(config: &TestConfig) -> (Chain, Context) {
+    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
+    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    (chain, ctx)
+}
+
 #[test]
 fn a_call_past_the_deadline_is_skipped_and_the_plugin_quarantined() {
     let dir = plugin_dir_with(&[&fixture_library("sleeper")]);
@@ -45,8 +54,7 @@ fn a_call_past_the_deadline_is_skipped_and_the_plugin_quarantined() {
     );
 
     // In one process: the first run times out, later runs do not call the plugin.
-    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
-    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    let (chain, ctx) = chain_and_context(&config);
     let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
     let started = Instant::now();
     let run = chain.run(history(), &ctx, Call::Process).unwrap();
@@ -90,8 +98,7 @@ fn a_quarantined_required_plugin_fails_every_later_call() {
         "",
         dir.path(),
     );
-    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
-    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    let (chain, ctx) = chain_and_context(&config);
     let history = || history_wire::chat::history_from_str(HISTORY).unwrap();
     let failure = chain.run(history(), &ctx, Call::Process).unwrap_err();
     assert!(
@@ -143,8 +150,7 @@ fn the_stages_after_a_late_one_run_on_its_input() {
         "",
         dir.path(),
     );
-    let (engine_config, _catalog, chain) = load_chain(&config.path).unwrap();
-    let ctx = stateless_context(&engine_config, engine_config.model("default"), 1);
+    let (chain, ctx) = chain_and_context(&config);
     let history = || {
         history_wire::chat::history_from_str(
             r#"[{"role":"system","content":"s"},{"role":"user","content":"task"},
